@@ -1,0 +1,528 @@
+/*
+ * libsdpa: validated scaled dot-product attention for C, C++ and Python (ctypes).
+ *
+ *     out = softmax(softcap(scale * Q K^T) + bias, masked) V
+ *
+ * One public header. Tensors are non-owning strided views (sdpa_tensor); masks are
+ * explicit allow-masks (sdpa_allow_mask, nonzero = the key MAY take part). Every
+ * function returns an sdpa_status; on failure no output byte has been written and
+ * sdpa_last_error_message() explains what was wrong. Nothing aborts or prints.
+ *
+ * Stability: symbols and structs of one SDPA_VERSION_MAJOR stay binary compatible.
+ * sdpa_tensor and sdpa_allow_mask never change; sdpa_options starts with struct_size
+ * and only ever grows at its end. Check at start-up that
+ *     sdpa_version() >= SDPA_VERSION_NUMBER
+ * i.e. that the library you run is not older than the header you compiled against.
+ *
+ * Naming: B batch, Hq query heads, Hkv key/value heads, L target (query) length,
+ * S source (key) length, E query/key head width, Ev value head width.
+ * Shapes are written outermost first; strides are in ELEMENTS (not bytes), signed.
+ *
+ * MIT licence; see LICENSE.
+ */
+#ifndef SDPA_H
+#define SDPA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------ export */
+
+#ifndef SDPA_API
+#  if defined(_WIN32) || defined(__CYGWIN__)
+#    if defined(SDPA_BUILDING_DLL) && defined(SDPA_STATIC)
+#      error "Define either SDPA_BUILDING_DLL or SDPA_STATIC, not both."
+#    elif defined(SDPA_BUILDING_DLL)
+#      define SDPA_API __declspec(dllexport)
+#    elif defined(SDPA_STATIC)
+#      define SDPA_API
+#    else
+#      define SDPA_API __declspec(dllimport)
+#    endif
+#  elif defined(__GNUC__) && __GNUC__ >= 4
+#    define SDPA_API __attribute__((visibility("default")))
+#  else
+#    define SDPA_API
+#  endif
+#endif
+
+#ifndef SDPA_NODISCARD
+#  if defined(__GNUC__) && __GNUC__ >= 4
+#    define SDPA_NODISCARD __attribute__((warn_unused_result))
+#  else
+#    define SDPA_NODISCARD
+#  endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ----------------------------------------------------------------- version */
+
+#define SDPA_VERSION_MAJOR 0
+#define SDPA_VERSION_MINOR 1
+#define SDPA_VERSION_PATCH 0
+/** MAJOR*1000000 + MINOR*1000 + PATCH (SQLite's scheme). */
+#define SDPA_VERSION_NUMBER \
+    (SDPA_VERSION_MAJOR * 1000000 + SDPA_VERSION_MINOR * 1000 + SDPA_VERSION_PATCH)
+#define SDPA_VERSION_STRING "0.1.0"
+
+/** @return SDPA_VERSION_NUMBER of the library actually linked (not of this header). */
+SDPA_API unsigned sdpa_version(void);
+/** @return "MAJOR.MINOR.PATCH" of the library actually linked; a static string. */
+SDPA_API const char *sdpa_version_string(void);
+
+/* ------------------------------------------------------------------ status */
+
+/**
+ * Status codes. Values are explicit, grouped by tens and never renumbered; new codes
+ * may be added. The enum is int-sized (ctypes: c_int).
+ */
+typedef enum sdpa_status {
+    SDPA_OK = 0,
+
+    /* 10-19: arguments */
+    SDPA_ERR_NULL_POINTER = 10,      /**< a required pointer is NULL */
+    SDPA_ERR_INVALID_ARGUMENT = 11,  /**< a scalar option out of range (scale, softcap, enum, window, length) */
+    SDPA_ERR_STRUCT_VERSION = 12,    /**< struct_size too small, too large, or unknown tail bytes not zero */
+    SDPA_ERR_UNSUPPORTED = 13,       /**< valid request this version cannot serve (e.g. dropout before 0.2) */
+
+    /* 20-29: shape and layout */
+    SDPA_ERR_RANK = 20,              /**< rank out of the accepted range */
+    SDPA_ERR_SHAPE = 21,             /**< two sizes that must agree do not (B, H, E, S, ...) */
+    SDPA_ERR_BROADCAST = 22,         /**< mask or bias not broadcastable to [B, Hq, L, S] */
+    SDPA_ERR_STRIDE = 23,            /**< negative output stride, output overlapping itself, stride 0 on an output */
+    SDPA_ERR_OVERLAP = 24,           /**< an output overlaps an input or another output */
+    SDPA_ERR_SIZE_OVERFLOW = 25,     /**< a shape/stride product overflows int64_t or size_t */
+    SDPA_ERR_EMPTY_DIMENSION = 26,   /**< a dimension that must be >= 1 is 0 (the head width E) */
+
+    /* 30-39: data type */
+    SDPA_ERR_DTYPE = 30,             /**< dtype other than float32 */
+
+    /* 40-49: values */
+    SDPA_ERR_EMPTY_ROW = 40,         /**< a query row has no allowed key under SDPA_EMPTY_ROWS_ERROR */
+    SDPA_ERR_NON_FINITE = 41,        /**< NaN/Inf in an input value that the call would read */
+
+    /* 50-59: resources */
+    SDPA_ERR_OUT_OF_MEMORY = 50,     /**< internal workspace allocation failed */
+    SDPA_ERR_WORKSPACE_TOO_SMALL = 51, /**< caller workspace smaller than sdpa_attention_workspace_size() */
+
+    /* 60-69: internal */
+    SDPA_ERR_INTERNAL = 60,          /**< a bug in libsdpa; please report it */
+
+    SDPA_STATUS_FORCE_INT32_ = 0x7FFFFFFF
+} sdpa_status;
+
+/**
+ * @return a static English name for any value, e.g. "SDPA_ERR_SHAPE", or
+ *         "SDPA_ERR_UNKNOWN" for a value this library does not know. Never NULL.
+ */
+SDPA_API const char *sdpa_status_string(sdpa_status status);
+
+/**
+ * @return the detail of the last failure on the calling thread, e.g.
+ *         "sdpa_attention: key.shape[2]=6 does not match value.shape[2]=5", or "" when the
+ *         last call on this thread succeeded. Thread-local; valid until the next libsdpa
+ *         call on this thread.
+ */
+SDPA_API const char *sdpa_last_error_message(void);
+
+/**
+ * @return the name of the kernel that computed the last successful sdpa_attention() on the
+ *         calling thread ("reference" in 0.1), or "" if none ran. Thread-local, static string.
+ */
+SDPA_API const char *sdpa_last_kernel(void);
+
+/* ------------------------------------------------------------------- views */
+
+/** Maximum rank of an sdpa_tensor. ABI constant. */
+#define SDPA_MAX_RANK 8
+
+/** Element types. Only float32 is computed in 0.x; the field keeps room for f16/bf16. */
+typedef enum sdpa_dtype {
+    SDPA_DTYPE_F32 = 0,
+    SDPA_DTYPE_F16 = 1,  /**< reserved: rejected with SDPA_ERR_DTYPE */
+    SDPA_DTYPE_BF16 = 2, /**< reserved: rejected with SDPA_ERR_DTYPE */
+    SDPA_DTYPE_FORCE_INT32_ = 0x7FFFFFFF
+} sdpa_dtype;
+
+/**
+ * A non-owning strided view of a tensor (frozen layout; 168 bytes on LP64).
+ * Element [i0, ..., i(rank-1)] lives at ((float *)data)[sum_d i_d * strides[d]].
+ * Strides are in elements and may be 0 (broadcast) or negative on inputs; outputs need
+ * strides > 0 on every dimension of size > 1 and must not overlap themselves.
+ * Entries at index >= rank and reserved[] must be 0 (the constructors ensure it).
+ * The library never writes through an input view, and never retains a view.
+ */
+typedef struct sdpa_tensor {
+    void *data;                      /**< address of element [0, ..., 0]; may be NULL if the view is empty */
+    int32_t dtype;                   /**< sdpa_dtype */
+    int32_t rank;                    /**< 1..SDPA_MAX_RANK */
+    int64_t shape[SDPA_MAX_RANK];    /**< sizes, outermost first, >= 0 */
+    int64_t strides[SDPA_MAX_RANK];  /**< in elements */
+    uint64_t reserved[2];            /**< must be 0 */
+} sdpa_tensor;
+
+/**
+ * Fill *view as a contiguous row-major (C-order) float32 view of `data` with the given shape.
+ * @param view  [out] the view; fully overwritten (also on failure, then as an empty view).
+ * @param data  buffer of prod(shape) floats; not retained beyond the view.
+ * @param rank  1..SDPA_MAX_RANK.   @param shape [rank] sizes >= 0.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK, SDPA_ERR_SHAPE (negative size),
+ *         SDPA_ERR_SIZE_OVERFLOW.
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init(sdpa_tensor *view, float *data, int32_t rank,
+                                                     const int64_t *shape);
+
+/** Shorthand for sdpa_tensor_init() of a rank-4 [d0, d1, d2, d3] view. Same errors. */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_4d(sdpa_tensor *view, float *data, int64_t d0,
+                                                        int64_t d1, int64_t d2, int64_t d3);
+
+/** Shorthand for sdpa_tensor_init() of a rank-3 [d0, d1, d2] view. Same errors. */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_3d(sdpa_tensor *view, float *data, int64_t d0,
+                                                        int64_t d1, int64_t d2);
+
+/* -------------------------------------------------------------- allow-mask */
+
+/** Maximum rank of an allow-mask. */
+#define SDPA_MASK_MAX_RANK 4
+
+/**
+ * An allow-mask: uint8 values, nonzero = the key MAY take part, 0 = blocked.
+ * (PyTorch SDPA bool masks have this polarity; nn.MultiheadAttention bool masks and
+ * ONNX Runtime int masks do not: convert them with sdpa_mask_from_ignore() /
+ * sdpa_mask_from_keep_int().)
+ * Rank 1..4, broadcast right-aligned (numpy rules) to [B, Hq, L, S]: [S], [L, S],
+ * [Hq, L, S], [B, Hq, L, S]; a dimension of size 1 or stride 0 broadcasts.
+ * Strides in elements (= bytes). Frozen layout.
+ */
+typedef struct sdpa_allow_mask {
+    const uint8_t *data;                 /**< element [0, ..., 0] */
+    int32_t rank;                        /**< 1..SDPA_MASK_MAX_RANK */
+    int32_t reserved0;                   /**< must be 0 */
+    int64_t shape[SDPA_MASK_MAX_RANK];   /**< sizes, outermost first */
+    int64_t strides[SDPA_MASK_MAX_RANK]; /**< in elements; 0 allowed (broadcast) */
+} sdpa_allow_mask;
+
+/**
+ * Fill *mask as a contiguous row-major view of `data` with the given shape.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK (not 1..4), SDPA_ERR_SHAPE (negative),
+ *         SDPA_ERR_SIZE_OVERFLOW.
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_allow_mask_init(sdpa_allow_mask *mask, const uint8_t *data,
+                                                         int32_t rank, const int64_t *shape);
+
+/* ----------------------------------------------------------------- options */
+
+/** How query row i is placed among the keys, for causal and window rules. */
+typedef enum sdpa_alignment {
+    /** p = i. PyTorch is_causal, torch.tril, ONNX without cache. */
+    SDPA_ALIGN_TOP_LEFT = 0,
+    /** p = i + S_b - L, S_b = key_lengths[b] if given, else S. FlashAttention >= 2.1,
+     *  KV-cache decode: the last query sees every valid key. */
+    SDPA_ALIGN_BOTTOM_RIGHT = 1,
+    /** p = i + query_offsets[b] (may be negative). ONNX Attention with a past of length P
+     *  (offset P) or nonpad_kv_seqlen (offset nonpad[b] - L). */
+    SDPA_ALIGN_OFFSETS = 2,
+    SDPA_ALIGN_FORCE_INT32_ = 0x7FFFFFFF
+} sdpa_alignment;
+
+/** What to do with a query row that has no allowed key. */
+typedef enum sdpa_empty_rows {
+    /** Fail with SDPA_ERR_EMPTY_ROW before writing anything, naming the first such row. */
+    SDPA_EMPTY_ROWS_ERROR = 0,
+    /** Write a zero output row, zero weights and lse = -inf (PyTorch >= 2.5, FlashAttention,
+     *  ONNX Attention errata #8068). */
+    SDPA_EMPTY_ROWS_ZERO = 1,
+    SDPA_EMPTY_ROWS_FORCE_INT32_ = 0x7FFFFFFF
+} sdpa_empty_rows;
+
+/** What the optional `weights` output holds. ONNX qk_matmul_output_mode in brackets. */
+typedef enum sdpa_weights_stage {
+    SDPA_WEIGHTS_PROBABILITIES = 0, /**< softmax probabilities, 0 where blocked (mode 3); default */
+    SDPA_WEIGHTS_SCORES = 1,        /**< scale * Q K^T for every pair (mode 0) */
+    SDPA_WEIGHTS_SOFTCAPPED = 2,    /**< after softcap, before bias (mode 1) */
+    SDPA_WEIGHTS_MASKED = 3,        /**< after softcap + bias, -inf wherever blocked (mode 2) */
+    SDPA_WEIGHTS_FORCE_INT32_ = 0x7FFFFFFF
+} sdpa_weights_stage;
+
+/**
+ * Options of sdpa_attention(). Initialise with sdpa_options_init(), then set fields.
+ * The library reads only the first struct_size bytes; fields are only ever appended.
+ * Pointers are borrowed for the duration of the call.
+ */
+typedef struct sdpa_options {
+    size_t struct_size;     /**< sizeof(sdpa_options) as compiled by the caller */
+
+    /** Score scale. 0 (default) = 1/sqrt(E), E = query/key head width (not Ev); > 0 replaces it.
+     *  Negative, NaN or Inf is SDPA_ERR_INVALID_ARGUMENT. */
+    float scale;
+    /** Softcap c: s = c * tanh(s / c) applied to the scaled scores before bias and mask
+     *  (ONNX, FlashAttention, ggml). 0 (default) = off; negative/NaN/Inf rejected. */
+    float softcap;
+
+    /** 0 (default) = no causal rule; 1 = key j allowed only if j <= p (see alignment). */
+    int32_t causal;
+    /** sdpa_alignment of query rows for the causal and window rules. Default TOP_LEFT. */
+    int32_t alignment;
+    /** [B] per-batch offsets for SDPA_ALIGN_OFFSETS; otherwise ignored (may be NULL). */
+    const int64_t *query_offsets;
+
+    /** Sliding window, inclusive counts of other keys, -1 = unbounded (default both -1):
+     *  key j allowed only if p - window_left <= j <= p + window_right.
+     *  A Hugging Face sliding_window=W is (W-1, 0). Values < -1 are rejected. */
+    int64_t window_left;
+    int64_t window_right;
+
+    /** Allow-mask (nullable), broadcast to [B, Hq, L, S]; nonzero = allowed. */
+    const sdpa_allow_mask *allow_mask;
+    /** Additive float32 bias (nullable), rank 1..4 broadcast to [B, Hq, L, S], added after
+     *  softcap; -inf blocks the key. Entries at blocked pairs are never read. */
+    const sdpa_tensor *bias;
+
+    /** [B] key lengths (nullable): key j allowed only if j < key_lengths[b]; each in [0, S]. */
+    const int64_t *key_lengths;
+    /** [B] query lengths (nullable): rows i >= query_lengths[b] are padding; their output,
+     *  weights and lse are written as 0, 0 and -inf; each in [0, L]. */
+    const int64_t *query_lengths;
+
+    /** sdpa_empty_rows policy. Default SDPA_EMPTY_ROWS_ERROR. */
+    int32_t empty_rows;
+    /** sdpa_weights_stage selecting what `weights` holds. Default probabilities. */
+    int32_t weights_stage;
+
+    /** Dropout probability in [0, 1). Must be 0 in 0.1 (SDPA_ERR_UNSUPPORTED otherwise);
+     *  counter-based dropout arrives in 0.2. */
+    float dropout_p;
+    /** 1 (default) = fail with SDPA_ERR_NON_FINITE on NaN/Inf in any value the call reads
+     *  (non-padding q rows, K/V rows some query may attend, allowed bias entries);
+     *  0 = skip the check. */
+    int32_t check_finite;
+    /** Dropout RNG key and counter offset (used from 0.2). */
+    uint64_t dropout_seed;
+    uint64_t dropout_offset;
+
+    /** Threads: 0 (default) = number of online CPUs; >= 1 = exactly that many at most.
+     *  0.1 computes on the calling thread; results never depend on this value. */
+    int32_t num_threads;
+    int32_t reserved0;      /**< must be 0 */
+
+    /** Caller workspace (nullable): at least sdpa_attention_workspace_size() bytes, any
+     *  alignment. NULL = the library allocates what it needs and frees it before returning. */
+    void *workspace;
+    size_t workspace_bytes; /**< size of workspace in bytes */
+} sdpa_options;
+
+/** Fill *options with the defaults documented on each field and set struct_size.
+ *  Does nothing if options is NULL. */
+SDPA_API void sdpa_options_init(sdpa_options *options);
+
+/* --------------------------------------------------------------- attention */
+
+/**
+ * Scaled dot-product attention with explicit mask semantics.
+ * Matches torch.nn.functional.scaled_dot_product_attention (attn_mask bool = allow,
+ * is_causal = causal top-left, scale, enable_gqa) and ONNX Attention-23/24 (+ errata)
+ * including softcap, qk_matmul_output modes and causal offsets with a cache.
+ *
+ * Shapes (rank 4, multi-head):
+ *   q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] -> out [B, Hq, L, Ev]
+ *   weights [B, Hq, L, S] (nullable), lse [B, Hq, L] (nullable)
+ * Rank 3 means one head: q [B, L, E], k [B, S, E], v [B, S, Ev] -> out [B, L, Ev],
+ *   weights [B, L, S], lse [B, L]. q, k, v and out have the same rank.
+ * Any strides (BSHD and BHSD views of one buffer give the same result; stride 0 broadcasts
+ * an input). Hq % Hkv == 0; query head h reads kv head h / (Hq / Hkv) (contiguous groups,
+ * GQA/MQA as PyTorch enable_gqa and ONNX).
+ *
+ * For each row (b, h, i) and key j:
+ *   s = scale * <q_i, k_j>; softcap; s += bias; the key is allowed iff the allow-mask, the
+ *   causal rule, key_lengths, the window and bias != -inf all allow it. Softmax runs over
+ *   allowed keys only (blocked K/V/bias values are never read into arithmetic: NaN there
+ *   cannot leak). out_i = sum_j w_ij v_j; lse_i = ln sum_j exp(s_ij) (natural log).
+ *
+ * Validation runs completely before any output byte is written; on failure every output
+ * is untouched and sdpa_last_error_message() names the argument, axis and values.
+ *
+ * @param q,k,v   [in] float32 views as above.
+ * @param options [in] nullable (= defaults); see sdpa_options.
+ * @param out     [out] float32 [B, Hq, L, Ev]; must not overlap any input or output.
+ * @param weights [out] nullable; float32 [B, Hq, L, S]; content per options->weights_stage.
+ * @param lse     [out] nullable; float32 [B, Hq, L]; -inf for empty and padded rows.
+ * @retval SDPA_OK
+ * @retval SDPA_ERR_NULL_POINTER   q, k, v, out or a view's data (non-empty) is NULL
+ * @retval SDPA_ERR_STRUCT_VERSION options->struct_size out of range or unknown tail not zero
+ * @retval SDPA_ERR_RANK           rank other than 3/4, mismatched ranks, mask rank not 1..4
+ * @retval SDPA_ERR_SHAPE          B, H, E, S or Ev disagree; Hq % Hkv != 0; weights/lse shape
+ * @retval SDPA_ERR_BROADCAST      allow-mask or bias not broadcastable to [B, Hq, L, S]
+ * @retval SDPA_ERR_STRIDE         output stride <= 0 on a dimension of size > 1, or self-overlap
+ * @retval SDPA_ERR_OVERLAP        an output overlaps an input or another output
+ * @retval SDPA_ERR_SIZE_OVERFLOW  shape products overflow
+ * @retval SDPA_ERR_EMPTY_DIMENSION E == 0
+ * @retval SDPA_ERR_DTYPE          a view that is not float32
+ * @retval SDPA_ERR_INVALID_ARGUMENT scale/softcap NaN, Inf or negative; window < -1; a key or
+ *                                 query length outside [0, S] / [0, L]; unknown enum value;
+ *                                 reserved field not 0
+ * @retval SDPA_ERR_UNSUPPORTED    dropout_p != 0 (0.1)
+ * @retval SDPA_ERR_EMPTY_ROW      a non-padding row has no allowed key under policy ERROR
+ * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value read, with check_finite on
+ * @retval SDPA_ERR_WORKSPACE_TOO_SMALL / SDPA_ERR_OUT_OF_MEMORY
+ * Thread-safe: concurrent calls on different outputs are fine.
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k,
+                                                   const sdpa_tensor *v, const sdpa_options *options,
+                                                   const sdpa_tensor *out, const sdpa_tensor *weights,
+                                                   const sdpa_tensor *lse);
+
+/**
+ * Bytes of workspace sdpa_attention() needs for these shapes, strides and options
+ * (including options->num_threads). It never grows with B*H*L*S: per thread it is
+ * O(rows_per_block * S + S * (E + Ev)) floats.
+ * @param weights_requested nonzero if the call will pass a weights output.
+ * @param bytes [out] the size.
+ * @retval SDPA_OK or any validation error of sdpa_attention() that depends only on
+ *         q, k, v and options shapes (not on values).
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q,
+                                                                  const sdpa_tensor *k,
+                                                                  const sdpa_tensor *v,
+                                                                  const sdpa_options *options,
+                                                                  int weights_requested,
+                                                                  size_t *bytes);
+
+/* ----------------------------------------------------------- mask builders */
+/*
+ * Builders write contiguous row-major uint8 allow-masks (1 = allowed, 0 = blocked) into
+ * caller buffers. On failure nothing is written.
+ */
+
+/**
+ * Causal allow-mask [L, S]: out[i, j] = 1 iff j <= p(i), p(i) = i (TOP_LEFT; torch.tril)
+ * or i + S - L (BOTTOM_RIGHT). SDPA_ALIGN_OFFSETS is rejected here (use the option).
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (L or S < 0),
+ *         SDPA_ERR_INVALID_ARGUMENT (alignment), SDPA_ERR_SIZE_OVERFLOW
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_causal(uint8_t *out, int64_t L, int64_t S,
+                                                     sdpa_alignment alignment);
+
+/** Which end of a sequence holds the padding. */
+typedef enum sdpa_padding_side {
+    SDPA_PAD_RIGHT = 0, /**< valid tokens first: position t valid iff t < length */
+    SDPA_PAD_LEFT = 1,  /**< padding first: position t valid iff t >= N - length */
+    SDPA_PAD_FORCE_INT32_ = 0x7FFFFFFF
+} sdpa_padding_side;
+
+/**
+ * Padding allow-mask [B, N] from per-batch valid lengths. View it as [B, 1, 1, S] for key
+ * padding (N = S), or as [B, 1, L, 1] for query padding (N = L) and combine with
+ * sdpa_mask_and(); rows with no key then need SDPA_EMPTY_ROWS_ZERO.
+ * @param lengths [B], each in [0, N].
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (B or N < 0),
+ *         SDPA_ERR_INVALID_ARGUMENT (length out of range, bad side), SDPA_ERR_SIZE_OVERFLOW
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_padding(uint8_t *out, int64_t B, int64_t N,
+                                                      const int64_t *lengths, sdpa_padding_side side);
+
+/**
+ * Sliding-window allow-mask [L, S]: out[i, j] = 1 iff p - left <= j <= p + right, with p
+ * aligned as in sdpa_mask_causal(); -1 = unbounded. Hugging Face sliding_window=W with
+ * causal is (W-1, 0).
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE, SDPA_ERR_INVALID_ARGUMENT
+ *         (left/right < -1, alignment), SDPA_ERR_SIZE_OVERFLOW
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_sliding_window(uint8_t *out, int64_t L, int64_t S,
+                                                             int64_t left, int64_t right,
+                                                             sdpa_alignment alignment);
+
+/**
+ * Block-diagonal allow-mask [Lt, St] for packed variable-length batches (FlashAttention
+ * varlen): sequence n owns query rows cu_seqlens_q[n] .. cu_seqlens_q[n+1]-1 and keys
+ * cu_seqlens_k[n] .. cu_seqlens_k[n+1]-1; a query sees only the keys of its own sequence,
+ * and with causal != 0 only those j <= p inside the block (p aligned per `alignment`
+ * within the block). Lt = cu_seqlens_q[num_seqs], St = cu_seqlens_k[num_seqs].
+ * @param cu_seqlens_q [num_seqs + 1], starting at 0, non-decreasing.
+ * @param cu_seqlens_k [num_seqs + 1] or NULL (= cu_seqlens_q, self-attention).
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_INVALID_ARGUMENT (cu_seqlens not
+ *         starting at 0 or decreasing, num_seqs < 0, alignment), SDPA_ERR_SIZE_OVERFLOW
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_block_diagonal(uint8_t *out, int64_t num_seqs,
+                                                             const int64_t *cu_seqlens_q,
+                                                             const int64_t *cu_seqlens_k,
+                                                             int32_t causal,
+                                                             sdpa_alignment alignment);
+
+/**
+ * Prefix-LM allow-mask [T, T]: out[i, j] = 1 iff j < prefix_length (bidirectional prefix)
+ * or j <= i (causal suffix). As in T5/PaLM prefix-LM and UniLM.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (T < 0),
+ *         SDPA_ERR_INVALID_ARGUMENT (prefix_length outside [0, T]), SDPA_ERR_SIZE_OVERFLOW
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_prefix_lm(uint8_t *out, int64_t T,
+                                                        int64_t prefix_length);
+
+/**
+ * Logical AND of two allow-masks with numpy broadcasting: out (contiguous, shape
+ * out_shape[out_rank]) = (a != 0) & (b != 0), where a and b broadcast to out_shape.
+ * `out` must not overlap a or b.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
+ *         SDPA_ERR_BROADCAST, SDPA_ERR_OVERLAP, SDPA_ERR_SIZE_OVERFLOW
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_and(const sdpa_allow_mask *a, const sdpa_allow_mask *b,
+                                                  uint8_t *out, int32_t out_rank,
+                                                  const int64_t *out_shape);
+
+/**
+ * Convert an IGNORE mask (nonzero = do NOT attend: nn.MultiheadAttention key_padding_mask
+ * and bool attn_mask, torch.triu(ones, 1)) of n elements into an allow-mask: out = (in == 0).
+ * In-place (out == ignore) is allowed.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0)
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_from_ignore(const uint8_t *ignore, int64_t n,
+                                                          uint8_t *out);
+
+/**
+ * Convert a KEEP int mask (1 = attend, 0 = masked: ONNX Runtime mask_index / HF
+ * attention_mask) of n int32 elements into an allow-mask. Values other than 0 and 1 are
+ * rejected (a sequence length passed by mistake is caught).
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0),
+ *         SDPA_ERR_INVALID_ARGUMENT (value not 0/1; message names the index)
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_from_keep_int(const int32_t *keep, int64_t n,
+                                                            uint8_t *out);
+
+/**
+ * Convert an ADDITIVE float mask (0 = attend, -inf = masked: PyTorch float attn_mask,
+ * ONNX float attn_mask) of n elements into an allow-mask.
+ * Without threshold (NULL): 0 -> 1, -inf -> 0, anything else (finite non-zero, +inf, NaN)
+ * is SDPA_ERR_INVALID_ARGUMENT (such a mask is a bias: pass it as options.bias).
+ * With *threshold: v <= *threshold -> 0 (e.g. -1e4 or FLT_MIN-style masks), v > *threshold
+ * -> 1; NaN is still rejected.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0), SDPA_ERR_INVALID_ARGUMENT
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_from_additive(const float *additive, int64_t n,
+                                                            const float *threshold, uint8_t *out);
+
+/**
+ * Convert an allow-mask of n elements into an additive float mask: nonzero -> 0.0f,
+ * 0 -> -inf (what PyTorch/ONNX float masks mean).
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0)
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_to_additive(const uint8_t *allow, int64_t n,
+                                                          float *out);
+
+/**
+ * Count the rows of an allow-mask (all dimensions but the last; the last is the key axis)
+ * that allow no key. With a mask of shape [..., S], S = 0 makes every row empty.
+ * @param empty_rows [out] number of empty rows.
+ * @param first_empty [out, nullable] flat row-major index of the first empty row, or -1.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK, SDPA_ERR_SHAPE, SDPA_ERR_SIZE_OVERFLOW
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_mask *mask,
+                                                               int64_t *empty_rows,
+                                                               int64_t *first_empty);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SDPA_H */

@@ -1,0 +1,454 @@
+/* sdpa_attention: validate -> plan -> check values -> run a kernel.
+ * Nothing is written to an output before every check has passed. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char FN[] = "sdpa_attention";
+
+/* The v1 layout ends with workspace_bytes; struct_size may not be smaller. */
+#define SDPA__OPTIONS_V1_SIZE (offsetof(sdpa_options, workspace_bytes) + sizeof(size_t))
+#define SDPA__STRUCT_SIZE_MAX 4096
+/* Bounds that keep position arithmetic (offset + i + window) inside int64_t. */
+#define SDPA__MAX_OFFSET ((int64_t)1 << 61)
+
+SDPA_API void sdpa_options_init(sdpa_options *options) {
+    if (options == NULL)
+        return;
+    memset(options, 0, sizeof *options);
+    options->struct_size = sizeof *options;
+    options->alignment = SDPA_ALIGN_TOP_LEFT;
+    options->window_left = -1;
+    options->window_right = -1;
+    options->empty_rows = SDPA_EMPTY_ROWS_ERROR;
+    options->weights_stage = SDPA_WEIGHTS_PROBABILITIES;
+    options->check_finite = 1;
+}
+
+/* Copy the caller's options (of the caller's struct_size) into a full local struct. */
+static sdpa_status read_options(const sdpa_options *in, sdpa_options *o) {
+    sdpa_options_init(o);
+    if (in == NULL)
+        return SDPA_OK;
+    if (in->struct_size < SDPA__OPTIONS_V1_SIZE)
+        return sdpa__fail(SDPA_ERR_STRUCT_VERSION,
+                          "%s: options->struct_size=%zu is smaller than the version-1 size %zu (call sdpa_options_init())",
+                          FN, in->struct_size, (size_t)SDPA__OPTIONS_V1_SIZE);
+    if (in->struct_size > SDPA__STRUCT_SIZE_MAX)
+        return sdpa__fail(SDPA_ERR_STRUCT_VERSION, "%s: options->struct_size=%zu is larger than %d", FN,
+                          in->struct_size, SDPA__STRUCT_SIZE_MAX);
+    size_t n = in->struct_size < sizeof *o ? in->struct_size : sizeof *o;
+    memcpy(o, in, n);
+    const unsigned char *tail = (const unsigned char *)in;
+    for (size_t b = sizeof *o; b < in->struct_size; ++b)
+        if (tail[b] != 0)
+            return sdpa__fail(SDPA_ERR_STRUCT_VERSION,
+                              "%s: options byte %zu is beyond what libsdpa %s knows (%zu bytes) and is not 0",
+                              FN, b, SDPA_VERSION_STRING, sizeof *o);
+    return SDPA_OK;
+}
+
+/* The user-visible axis index of logical axis d4 (0 B, 1 H, 2 L/S, 3 E) for a view of `rank`. */
+static int user_axis(int32_t rank, int d4) { return rank == 4 ? d4 : (d4 == 0 ? 0 : d4 - 1); }
+
+static sdpa__view4 to_view4(const sdpa_tensor *t) {
+    sdpa__view4 v;
+    v.data = (float *)t->data;
+    if (t->rank == 4) {
+        for (int d = 0; d < 4; ++d) {
+            v.shape[d] = t->shape[d];
+            v.strides[d] = t->strides[d];
+        }
+    } else { /* rank 3: [B, L, E] -> [B, 1, L, E] */
+        v.shape[0] = t->shape[0]; v.strides[0] = t->strides[0];
+        v.shape[1] = 1;           v.strides[1] = 0;
+        v.shape[2] = t->shape[1]; v.strides[2] = t->strides[1];
+        v.shape[3] = t->shape[2]; v.strides[3] = t->strides[2];
+    }
+    return v;
+}
+
+static sdpa_status expect_dim(const sdpa_tensor *t, const char *name, int d4, int64_t want,
+                              const char *ref_name, int ref_d4, int32_t ref_rank) {
+    sdpa__view4 v = to_view4(t);
+    if (v.shape[d4] == want)
+        return SDPA_OK;
+    return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s.shape[%d]=%lld does not match %s.shape[%d]=%lld", FN, name,
+                      user_axis(t->rank, d4), (long long)v.shape[d4], ref_name, user_axis(ref_rank, ref_d4),
+                      (long long)want);
+}
+
+/* Check an output view against its expected logical shape (rank of q, or q's rank - 1 for lse). */
+static sdpa_status check_output(const sdpa_tensor *t, const char *name, int32_t rank,
+                                const int64_t *want, const char *const *dims) {
+    sdpa_status st = sdpa__check_tensor(t, FN, name, rank, rank);
+    if (st != SDPA_OK)
+        return st;
+    for (int32_t d = 0; d < rank; ++d)
+        if (t->shape[d] != want[d])
+            return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s.shape[%d]=%lld, expected %s=%lld", FN, name, (int)d,
+                              (long long)t->shape[d], dims[d], (long long)want[d]);
+    return sdpa__check_output_layout(t, FN, name);
+}
+
+static sdpa_status check_lengths(const int64_t *len, int64_t B, int64_t max, const char *name,
+                                 const char *bound) {
+    if (len == NULL)
+        return SDPA_OK;
+    for (int64_t b = 0; b < B; ++b)
+        if (len[b] < 0 || len[b] > max)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->%s[%lld]=%lld is outside [0, %s=%lld]",
+                              FN, name, (long long)b, (long long)len[b], bound, (long long)max);
+    return SDPA_OK;
+}
+
+/* Validate everything that does not depend on tensor values and fill the plan.
+ * Outputs may be NULL only when `for_size` (workspace-size query). */
+static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                             const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
+                             const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o) {
+    sdpa_status st;
+    if (q == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: query is NULL", FN);
+    if (k == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: key is NULL", FN);
+    if (v == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: value is NULL", FN);
+    if (!for_size && out == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: out is NULL", FN);
+    if ((st = sdpa__check_tensor(q, FN, "query", 3, 4)) != SDPA_OK) return st;
+    if ((st = sdpa__check_tensor(k, FN, "key", 3, 4)) != SDPA_OK) return st;
+    if ((st = sdpa__check_tensor(v, FN, "value", 3, 4)) != SDPA_OK) return st;
+    if (k->rank != q->rank || v->rank != q->rank)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: query.rank=%d, key.rank=%d, value.rank=%d must be equal", FN,
+                          (int)q->rank, (int)k->rank, (int)v->rank);
+    const int32_t rank = q->rank;
+    memset(p, 0, sizeof *p);
+    p->q = to_view4(q);
+    p->k = to_view4(k);
+    p->v = to_view4(v);
+    p->B = p->q.shape[0];
+    p->Hq = p->q.shape[1];
+    p->L = p->q.shape[2];
+    p->E = p->q.shape[3];
+    p->Hkv = p->k.shape[1];
+    p->S = p->k.shape[2];
+    p->Ev = p->v.shape[3];
+    if ((st = expect_dim(k, "key", 0, p->B, "query", 0, rank)) != SDPA_OK) return st;
+    if ((st = expect_dim(v, "value", 0, p->B, "query", 0, rank)) != SDPA_OK) return st;
+    if ((st = expect_dim(v, "value", 1, p->Hkv, "key", 1, rank)) != SDPA_OK) return st;
+    if ((st = expect_dim(v, "value", 2, p->S, "key", 2, rank)) != SDPA_OK) return st;
+    if ((st = expect_dim(k, "key", 3, p->E, "query", 3, rank)) != SDPA_OK) return st;
+    if (p->Hkv == 0 ? p->Hq != 0 : p->Hq % p->Hkv != 0)
+        return sdpa__fail(SDPA_ERR_SHAPE,
+                          "%s: query heads Hq=query.shape[1]=%lld is not a multiple of key heads Hkv=key.shape[1]=%lld",
+                          FN, (long long)p->Hq, (long long)p->Hkv);
+    p->group = p->Hkv == 0 ? 1 : p->Hq / p->Hkv;
+    if (p->E == 0)
+        return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: head width E=query.shape[%d]=0 (the default scale 1/sqrt(E) is undefined)",
+                          FN, rank - 1);
+
+    if ((st = read_options(opt_in, o)) != SDPA_OK) return st;
+
+    /* Outputs. */
+    if (!for_size) {
+        static const char *const d4[] = {"B", "Hq", "L", "Ev"}, *const d3[] = {"B", "L", "Ev"};
+        static const char *const w4[] = {"B", "Hq", "L", "S"}, *const w3[] = {"B", "L", "S"};
+        static const char *const l3[] = {"B", "Hq", "L"}, *const l2[] = {"B", "L"};
+        int64_t want_out[4], want_w[4], want_l[3];
+        if (rank == 4) {
+            int64_t a[4] = {p->B, p->Hq, p->L, p->Ev}, b[4] = {p->B, p->Hq, p->L, p->S}, c[3] = {p->B, p->Hq, p->L};
+            memcpy(want_out, a, sizeof a); memcpy(want_w, b, sizeof b); memcpy(want_l, c, sizeof c);
+        } else {
+            int64_t a[3] = {p->B, p->L, p->Ev}, b[3] = {p->B, p->L, p->S}, c[2] = {p->B, p->L};
+            memcpy(want_out, a, sizeof a); memcpy(want_w, b, sizeof b); memcpy(want_l, c, sizeof c);
+        }
+        if ((st = check_output(out, "out", rank, want_out, rank == 4 ? d4 : d3)) != SDPA_OK) return st;
+        p->out = to_view4(out);
+        if (weights != NULL) {
+            if ((st = check_output(weights, "weights", rank, want_w, rank == 4 ? w4 : w3)) != SDPA_OK) return st;
+            p->has_weights = true;
+            p->weights = to_view4(weights);
+        }
+        if (lse != NULL) {
+            if ((st = check_output(lse, "lse", rank - 1, want_l, rank == 4 ? l3 : l2)) != SDPA_OK) return st;
+            p->has_lse = true;
+            p->lse = (float *)lse->data;
+            if (rank == 4) {
+                p->lse_strides[0] = lse->strides[0]; p->lse_strides[1] = lse->strides[1]; p->lse_strides[2] = lse->strides[2];
+            } else {
+                p->lse_strides[0] = lse->strides[0]; p->lse_strides[1] = 0; p->lse_strides[2] = lse->strides[1];
+            }
+        }
+    }
+
+    /* Scalars and enums. */
+    if (!(o->scale >= 0.0f) || isinf(o->scale))
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->scale=%g must be finite and >= 0 (0 = 1/sqrt(E))",
+                          FN, (double)o->scale);
+    if (!(o->softcap >= 0.0f) || isinf(o->softcap))
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->softcap=%g must be finite and >= 0 (0 = off)", FN,
+                          (double)o->softcap);
+    if (o->causal != 0 && o->causal != 1)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->causal=%d must be 0 or 1", FN, (int)o->causal);
+    if (o->alignment != SDPA_ALIGN_TOP_LEFT && o->alignment != SDPA_ALIGN_BOTTOM_RIGHT &&
+        o->alignment != SDPA_ALIGN_OFFSETS)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->alignment=%d is not an sdpa_alignment", FN,
+                          (int)o->alignment);
+    if (o->window_left < -1 || o->window_right < -1)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->window_left=%lld, window_right=%lld must be >= -1",
+                          FN, (long long)o->window_left, (long long)o->window_right);
+    if (o->empty_rows != SDPA_EMPTY_ROWS_ERROR && o->empty_rows != SDPA_EMPTY_ROWS_ZERO)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->empty_rows=%d is not an sdpa_empty_rows", FN,
+                          (int)o->empty_rows);
+    if (o->weights_stage < SDPA_WEIGHTS_PROBABILITIES || o->weights_stage > SDPA_WEIGHTS_MASKED)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->weights_stage=%d is not an sdpa_weights_stage", FN,
+                          (int)o->weights_stage);
+    if (o->num_threads < 0)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->num_threads=%d must be >= 0", FN, (int)o->num_threads);
+    if (o->reserved0 != 0)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->reserved0 must be 0", FN);
+    if (!(o->dropout_p >= 0.0f && o->dropout_p < 1.0f))
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->dropout_p=%g must be in [0, 1)", FN,
+                          (double)o->dropout_p);
+    if (o->dropout_p != 0.0f)
+        return sdpa__fail(SDPA_ERR_UNSUPPORTED,
+                          "%s: options->dropout_p=%g: dropout arrives in libsdpa 0.2; pass 0 for inference", FN,
+                          (double)o->dropout_p);
+    if (o->alignment == SDPA_ALIGN_OFFSETS) {
+        if (o->query_offsets == NULL && p->B > 0)
+            return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->alignment is SDPA_ALIGN_OFFSETS but query_offsets is NULL", FN);
+        for (int64_t b = 0; b < p->B; ++b)
+            if (o->query_offsets[b] < -SDPA__MAX_OFFSET || o->query_offsets[b] > SDPA__MAX_OFFSET)
+                return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->query_offsets[%lld]=%lld is out of range", FN,
+                                  (long long)b, (long long)o->query_offsets[b]);
+    }
+    if ((st = check_lengths(o->key_lengths, p->B, p->S, "key_lengths", "S")) != SDPA_OK) return st;
+    if ((st = check_lengths(o->query_lengths, p->B, p->L, "query_lengths", "L")) != SDPA_OK) return st;
+
+    const int64_t target[4] = {p->B, p->Hq, p->L, p->S};
+    if (o->allow_mask != NULL) {
+        const sdpa_allow_mask *m = o->allow_mask;
+        if (m->rank < 1 || m->rank > SDPA_MASK_MAX_RANK)
+            return sdpa__fail(SDPA_ERR_RANK, "%s: allow_mask.rank=%d, expected 1..4", FN, (int)m->rank);
+        if (m->reserved0 != 0)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: allow_mask.reserved0 must be 0", FN);
+        if ((st = sdpa__check_geometry(FN, "allow_mask", m->rank, m->shape, m->strides, 1)) != SDPA_OK) return st;
+        if ((st = sdpa__broadcast4(FN, "allow_mask", m->rank, m->shape, m->strides, target, p->mask.strides)) != SDPA_OK)
+            return st;
+        int64_t numel = 1;
+        for (int32_t d = 0; d < m->rank; ++d) numel *= m->shape[d];
+        if (numel > 0 && m->data == NULL)
+            return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: allow_mask.data is NULL", FN);
+        p->has_mask = numel > 0;
+        p->mask.data = m->data;
+    }
+    if (o->bias != NULL) {
+        const sdpa_tensor *bt = o->bias;
+        if ((st = sdpa__check_tensor(bt, FN, "bias", 1, 4)) != SDPA_OK) return st;
+        if ((st = sdpa__broadcast4(FN, "bias", bt->rank, bt->shape, bt->strides, target, p->bias.strides)) != SDPA_OK)
+            return st;
+        int64_t numel = 1;
+        for (int32_t d = 0; d < bt->rank; ++d) numel *= bt->shape[d];
+        p->has_bias = numel > 0;
+        p->bias.data = bt->data;
+    }
+
+    /* Outputs must not overlap inputs or each other. */
+    if (!for_size) {
+        struct { const char *name; sdpa__span s; } in[7], outs[3];
+        int nin = 0, nout = 0;
+        in[nin].name = "query"; in[nin++].s = sdpa__tensor_span(q);
+        in[nin].name = "key"; in[nin++].s = sdpa__tensor_span(k);
+        in[nin].name = "value"; in[nin++].s = sdpa__tensor_span(v);
+        if (o->bias) { in[nin].name = "bias"; in[nin++].s = sdpa__tensor_span(o->bias); }
+        if (o->allow_mask) { in[nin].name = "allow_mask"; in[nin++].s = sdpa__mask_span(o->allow_mask); }
+        if (o->key_lengths && p->B > 0) {
+            in[nin].name = "key_lengths";
+            in[nin].s.lo = (uintptr_t)o->key_lengths;
+            in[nin++].s.hi = (uintptr_t)(o->key_lengths + p->B);
+        }
+        if (o->query_lengths && p->B > 0) {
+            in[nin].name = "query_lengths";
+            in[nin].s.lo = (uintptr_t)o->query_lengths;
+            in[nin++].s.hi = (uintptr_t)(o->query_lengths + p->B);
+        }
+        outs[nout].name = "out"; outs[nout++].s = sdpa__tensor_span(out);
+        if (weights) { outs[nout].name = "weights"; outs[nout++].s = sdpa__tensor_span(weights); }
+        if (lse) { outs[nout].name = "lse"; outs[nout++].s = sdpa__tensor_span(lse); }
+        for (int a = 0; a < nout; ++a) {
+            for (int b = 0; b < nin; ++b)
+                if (sdpa__spans_overlap(outs[a].s, in[b].s))
+                    return sdpa__fail(SDPA_ERR_OVERLAP, "%s: output %s overlaps input %s", FN, outs[a].name, in[b].name);
+            for (int b = a + 1; b < nout; ++b)
+                if (sdpa__spans_overlap(outs[a].s, outs[b].s))
+                    return sdpa__fail(SDPA_ERR_OVERLAP, "%s: output %s overlaps output %s", FN, outs[a].name,
+                                      outs[b].name);
+        }
+    }
+
+    p->scale = o->scale > 0.0f ? o->scale : (float)(1.0 / sqrt((double)p->E));
+    p->softcap = o->softcap;
+    p->causal = o->causal;
+    p->alignment = o->alignment;
+    p->query_offsets = o->query_offsets;
+    p->window_left = o->window_left > SDPA__MAX_OFFSET ? -1 : o->window_left;
+    p->window_right = o->window_right > SDPA__MAX_OFFSET ? -1 : o->window_right;
+    p->key_lengths = o->key_lengths;
+    p->query_lengths = o->query_lengths;
+    p->empty_rows = o->empty_rows;
+    p->weights_stage = o->weights_stage;
+    p->check_finite = o->check_finite != 0;
+    p->num_threads = o->num_threads;
+    p->row_block = p->L < 64 ? (p->L > 0 ? p->L : 1) : 64;
+    return SDPA_OK;
+}
+
+void sdpa__row_range(const sdpa__plan *p, int64_t b, int64_t i, int64_t *lo_out, int64_t *hi_out) {
+    int64_t Sb = p->key_lengths ? p->key_lengths[b] : p->S;
+    int64_t lo = 0, hi = Sb;
+    if (p->causal || p->window_left >= 0 || p->window_right >= 0) {
+        int64_t pos = i;
+        if (p->alignment == SDPA_ALIGN_BOTTOM_RIGHT)
+            pos = i + Sb - p->L;
+        else if (p->alignment == SDPA_ALIGN_OFFSETS)
+            pos = i + p->query_offsets[b];
+        if (p->causal && pos + 1 < hi)
+            hi = pos + 1;
+        if (p->window_right >= 0 && pos + p->window_right + 1 < hi)
+            hi = pos + p->window_right + 1;
+        if (p->window_left >= 0 && pos - p->window_left > lo)
+            lo = pos - p->window_left;
+    }
+    if (hi < lo)
+        hi = lo;
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+static bool row_finite(const float *x, int64_t n, int64_t stride) {
+    for (int64_t d = 0; d < n; ++d)
+        if (!isfinite(x[d * stride]))
+            return false;
+    return true;
+}
+
+/* Value checks before any write: empty rows (policy ERROR) and the finite check.
+ * `used` is scratch of S bytes. */
+static sdpa_status check_values(const sdpa__plan *p, uint8_t *used) {
+    const bool need_empty = p->empty_rows == SDPA_EMPTY_ROWS_ERROR;
+    if (!need_empty && !p->check_finite)
+        return SDPA_OK;
+    for (int64_t b = 0; b < p->B; ++b) {
+        for (int64_t g = 0; g < p->Hkv; ++g) {
+            if (p->check_finite && p->S > 0)
+                memset(used, 0, (size_t)p->S);
+            for (int64_t h = g * p->group; h < (g + 1) * p->group; ++h) {
+                for (int64_t i = 0; i < p->L; ++i) {
+                    if (sdpa__row_is_padding(p, b, i))
+                        continue;
+                    if (p->check_finite &&
+                        !row_finite(p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2], p->E,
+                                    p->q.strides[3]))
+                        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: query row (b=%lld,h=%lld,i=%lld) holds NaN or Inf", FN,
+                                          (long long)b, (long long)h, (long long)i);
+                    int64_t lo, hi;
+                    sdpa__row_range(p, b, i, &lo, &hi);
+                    bool any = false;
+                    if (!p->has_mask && !p->has_bias) {
+                        any = lo < hi;
+                        if (p->check_finite && any)
+                            memset(used + lo, 1, (size_t)(hi - lo));
+                    } else {
+                        const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
+                        for (int64_t j = lo; j < hi; ++j) {
+                            if (p->has_mask && !sdpa__mask_allows(p, b, h, i, j))
+                                continue;
+                            if (brow) {
+                                float bv = brow[j * p->bias.strides[3]];
+                                if (bv == -INFINITY)
+                                    continue;
+                                if (p->check_finite && !isfinite(bv))
+                                    return sdpa__fail(SDPA_ERR_NON_FINITE,
+                                                      "%s: bias at (b=%lld,h=%lld,i=%lld,j=%lld) is %s on an allowed pair",
+                                                      FN, (long long)b, (long long)h, (long long)i, (long long)j,
+                                                      isnan(bv) ? "NaN" : "+Inf");
+                            }
+                            any = true;
+                            if (!p->check_finite)
+                                break;
+                            used[j] = 1;
+                        }
+                    }
+                    if (!any && need_empty)
+                        return sdpa__fail(SDPA_ERR_EMPTY_ROW,
+                                          "%s: query row (b=%lld,h=%lld,i=%lld) has no allowed key (use SDPA_EMPTY_ROWS_ZERO to get a zero row)",
+                                          FN, (long long)b, (long long)h, (long long)i);
+                }
+            }
+            if (!p->check_finite)
+                continue;
+            for (int64_t j = 0; j < p->S; ++j) {
+                if (!used[j])
+                    continue;
+                if (!row_finite(p->k.data + b * p->k.strides[0] + g * p->k.strides[1] + j * p->k.strides[2], p->E,
+                                p->k.strides[3]))
+                    return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: key row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended",
+                                      FN, (long long)b, (long long)g, (long long)j);
+                if (!row_finite(p->v.data + b * p->v.strides[0] + g * p->v.strides[1] + j * p->v.strides[2], p->Ev,
+                                p->v.strides[3]))
+                    return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: value row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended",
+                                      FN, (long long)b, (long long)g, (long long)j);
+            }
+        }
+    }
+    return SDPA_OK;
+}
+
+SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const sdpa_tensor *k,
+                                                   const sdpa_tensor *v, const sdpa_options *options,
+                                                   int weights_requested, size_t *bytes) {
+    sdpa__plan p;
+    sdpa_options o;
+    sdpa__clear_error();
+    if (bytes == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "sdpa_attention_workspace_size: bytes is NULL");
+    sdpa_status st = make_plan(q, k, v, options, NULL, NULL, NULL, true, &p, &o);
+    if (st != SDPA_OK)
+        return st;
+    p.has_weights = weights_requested != 0;
+    size_t n = sdpa__reference_workspace_bytes(&p);
+    if (n == SIZE_MAX)
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "sdpa_attention_workspace_size: the workspace size overflows size_t");
+    *bytes = n;
+    return SDPA_OK;
+}
+
+SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                                    const sdpa_options *options, const sdpa_tensor *out,
+                                    const sdpa_tensor *weights, const sdpa_tensor *lse) {
+    sdpa__plan p;
+    sdpa_options o;
+    sdpa__clear_error();
+    sdpa_status st = make_plan(q, k, v, options, out, weights, lse, false, &p, &o);
+    if (st != SDPA_OK)
+        return st;
+    size_t need = sdpa__reference_workspace_bytes(&p);
+    if (need == SIZE_MAX)
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", FN);
+    void *ws = o.workspace, *owned = NULL;
+    if (ws != NULL) {
+        if (o.workspace_bytes < need)
+            return sdpa__fail(SDPA_ERR_WORKSPACE_TOO_SMALL,
+                              "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
+                              FN, o.workspace_bytes, need);
+    } else if (need > 0) {
+        owned = ws = malloc(need);
+        if (ws == NULL)
+            return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", FN, need);
+    }
+    /* The kernel's workspace starts with S bytes of row flags; check_values borrows them. */
+    st = check_values(&p, (uint8_t *)ws);
+    if (st == SDPA_OK)
+        st = sdpa__kernel_reference(&p, ws, need);
+    free(owned);
+    return st;
+}

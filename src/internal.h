@@ -1,0 +1,131 @@
+/* Shared by the files of src/; never installed. Internal non-static names use sdpa__. */
+#ifndef SDPA_INTERNAL_H
+#define SDPA_INTERNAL_H
+
+#include "sdpa.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define SDPA__PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define SDPA__PRINTF(f, a)
+#endif
+
+/* ---- status.c: thread-local detail message and kernel name ---- */
+
+/* Record a failure detail ("printf" style) for sdpa_last_error_message(); returns status. */
+sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...) SDPA__PRINTF(2, 3);
+void sdpa__clear_error(void);
+void sdpa__set_kernel(const char *name);
+
+/* ---- view.c: validation of views ---- */
+
+/* A rank-4 float view after validation and normalisation (rank-3 views get H = 1). */
+typedef struct sdpa__view4 {
+    float *data;
+    int64_t shape[4];
+    int64_t strides[4];
+} sdpa__view4;
+
+/* A validated allow-mask or bias broadcast to [B, Hq, L, S]: strides 0 on broadcast dims. */
+typedef struct sdpa__bcast4 {
+    const void *data;
+    int64_t strides[4];
+} sdpa__bcast4;
+
+/* Byte interval [lo, hi) covered by a view; empty when lo == hi. */
+typedef struct sdpa__span {
+    uintptr_t lo, hi;
+} sdpa__span;
+
+/* Check a tensor view: non-NULL, float32, rank in [rank_min, rank_max], sizes >= 0,
+ * reserved zero, span without overflow. `name` is used in messages. */
+sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char *name,
+                               int32_t rank_min, int32_t rank_max);
+/* Extra rules for outputs: strides > 0 on dims of size > 1 and no self-overlap. */
+sdpa_status sdpa__check_output_layout(const sdpa_tensor *t, const char *fn, const char *name);
+sdpa__span sdpa__tensor_span(const sdpa_tensor *t);
+sdpa__span sdpa__mask_span(const sdpa_allow_mask *m);
+bool sdpa__spans_overlap(sdpa__span a, sdpa__span b);
+/* Broadcast a mask's or bias's (rank, shape, strides) right-aligned onto target[4]. */
+sdpa_status sdpa__broadcast4(const char *fn, const char *name, int32_t rank, const int64_t *shape,
+                             const int64_t *strides, const int64_t target[4], int64_t out_strides[4]);
+/* Overflow-checked helpers. */
+bool sdpa__mul_overflow(int64_t a, int64_t b, int64_t *out);
+bool sdpa__add_overflow(int64_t a, int64_t b, int64_t *out);
+/* Check the (rank, shape, strides) geometry of a view of elements of `elem` bytes. */
+sdpa_status sdpa__check_geometry(const char *fn, const char *name, int32_t rank, const int64_t *shape,
+                                 const int64_t *strides, size_t elem);
+
+/* ---- matmul.c: the only user of cblas ---- */
+
+/* A logical row-major matrix view: element (r, c) at data[r * row_stride + c * col_stride]. */
+typedef struct sdpa__mat {
+    float *data;
+    int64_t rows, cols;
+    int64_t row_stride, col_stride;
+} sdpa__mat;
+
+/* Floats of packing workspace sdpa__matmul needs for a (as left) or b (as right) operand. */
+size_t sdpa__matmul_pack_floats(const sdpa__mat *m);
+/* C[m, n] = alpha * A[m, k] B[k, n] + beta * C. C must have col_stride 1 (or cols <= 1).
+ * A and B may have any strides; those BLAS cannot take are packed into `ws`, which must hold
+ * sdpa__matmul_pack_floats(a) + sdpa__matmul_pack_floats(b) floats. */
+void sdpa__matmul(const sdpa__mat *a, const sdpa__mat *b, float alpha, float beta, sdpa__mat *c,
+                  float *ws);
+
+/* ---- softmax.c ---- */
+
+/* Softmax pieces over a row of n scores restricted to allowed[j] != 0.
+ * Returns the maximum over allowed entries (-inf if none). */
+float sdpa__masked_max(const float *s, const uint8_t *allowed, int64_t n);
+/* e[j] = exp(s[j] - max) for allowed j, 0 otherwise (written in place into s);
+ * returns the sum in double precision. */
+double sdpa__masked_exp_sum(float *s, const uint8_t *allowed, int64_t n, float max);
+
+/* ---- attention plan shared by attention.c and the kernels ---- */
+
+typedef struct sdpa__plan {
+    int64_t B, Hq, Hkv, L, S, E, Ev, group; /* group = Hq / Hkv */
+    sdpa__view4 q, k, v, out;
+    bool has_weights, has_lse;
+    sdpa__view4 weights;                    /* [B, Hq, L, S] */
+    float *lse; int64_t lse_strides[3];     /* [B, Hq, L] */
+    float scale, softcap;
+    int causal;
+    int alignment;
+    const int64_t *query_offsets;
+    int64_t window_left, window_right;
+    bool has_mask; sdpa__bcast4 mask;
+    bool has_bias; sdpa__bcast4 bias;
+    const int64_t *key_lengths, *query_lengths;
+    int empty_rows, weights_stage;
+    bool check_finite;
+    int num_threads;
+    int64_t row_block;                      /* query rows per tile */
+} sdpa__plan;
+
+/* Structural key range [lo, hi) of row i of batch b (causal, window, key lengths);
+ * lo >= hi means no key. Rows i >= query_lengths[b] are padding (see sdpa__row_is_padding). */
+void sdpa__row_range(const sdpa__plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi);
+static inline bool sdpa__row_is_padding(const sdpa__plan *p, int64_t b, int64_t i) {
+    return p->query_lengths != NULL && i >= p->query_lengths[b];
+}
+static inline bool sdpa__mask_allows(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const uint8_t *m = (const uint8_t *)p->mask.data;
+    return m[b * p->mask.strides[0] + h * p->mask.strides[1] + i * p->mask.strides[2] +
+             j * p->mask.strides[3]] != 0;
+}
+static inline const float *sdpa__bias_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i) {
+    return (const float *)p->bias.data + b * p->bias.strides[0] + h * p->bias.strides[1] +
+           i * p->bias.strides[2];
+}
+
+/* ---- kernels ---- */
+size_t sdpa__reference_workspace_bytes(const sdpa__plan *p);
+sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws, size_t ws_bytes);
+
+#endif

@@ -1,0 +1,238 @@
+/* View constructors and validation: rank, shape, broadcast, strides, overlap, overflow. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+bool sdpa__mul_overflow(int64_t a, int64_t b, int64_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+
+bool sdpa__add_overflow(int64_t a, int64_t b, int64_t *out) {
+    return __builtin_add_overflow(a, b, out);
+}
+
+/* Largest byte span we accept: fits ptrdiff_t and size_t with room for pointer arithmetic. */
+#define SDPA__MAX_SPAN_BYTES ((int64_t)(PTRDIFF_MAX / 2))
+
+sdpa_status sdpa__check_geometry(const char *fn, const char *name, int32_t rank, const int64_t *shape,
+                                 const int64_t *strides, size_t elem) {
+    int64_t numel = 1, span = 0;
+    for (int32_t d = 0; d < rank; ++d) {
+        if (shape[d] < 0)
+            return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s.shape[%d]=%lld is negative", fn, name, (int)d,
+                              (long long)shape[d]);
+        if (sdpa__mul_overflow(numel, shape[d], &numel))
+            return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: %s has more elements than int64_t holds", fn,
+                              name);
+    }
+    if (numel == 0)
+        return SDPA_OK;
+    for (int32_t d = 0; d < rank; ++d) {
+        int64_t st = strides[d], term;
+        if (st == INT64_MIN)
+            return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: %s.strides[%d] overflows", fn, name, (int)d);
+        if (st < 0)
+            st = -st;
+        if (sdpa__mul_overflow(shape[d] - 1, st, &term) || sdpa__add_overflow(span, term, &span))
+            return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: %s spans more elements than int64_t holds", fn,
+                              name);
+    }
+    int64_t bytes;
+    if (sdpa__add_overflow(span, 1, &span) || sdpa__mul_overflow(span, (int64_t)elem, &bytes) ||
+        bytes > SDPA__MAX_SPAN_BYTES)
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: %s spans more bytes than memory can hold", fn,
+                          name);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char *name,
+                               int32_t rank_min, int32_t rank_max) {
+    if (t == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
+    if (t->dtype != SDPA_DTYPE_F32)
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: %s.dtype=%d is not SDPA_DTYPE_F32 (only float32 is computed)",
+                          fn, name, (int)t->dtype);
+    if (t->rank < rank_min || t->rank > rank_max) {
+        if (rank_min == rank_max)
+            return sdpa__fail(SDPA_ERR_RANK, "%s: %s.rank=%d, expected %d", fn, name, (int)t->rank,
+                              (int)rank_min);
+        return sdpa__fail(SDPA_ERR_RANK, "%s: %s.rank=%d, expected %d..%d", fn, name, (int)t->rank,
+                          (int)rank_min, (int)rank_max);
+    }
+    if (t->reserved[0] != 0 || t->reserved[1] != 0)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s.reserved must be 0", fn, name);
+    sdpa_status st = sdpa__check_geometry(fn, name, t->rank, t->shape, t->strides, sizeof(float));
+    if (st != SDPA_OK)
+        return st;
+    int64_t numel = 1;
+    for (int32_t d = 0; d < t->rank; ++d)
+        numel *= t->shape[d];
+    if (numel > 0 && t->data == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL but the view has %lld elements", fn,
+                          name, (long long)numel);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__check_output_layout(const sdpa_tensor *t, const char *fn, const char *name) {
+    int order[SDPA_MAX_RANK];
+    int n = 0;
+    for (int d = 0; d < t->rank; ++d) {
+        if (t->shape[d] == 0)
+            return SDPA_OK; /* empty: nothing is written */
+        if (t->shape[d] == 1)
+            continue;
+        if (t->strides[d] <= 0)
+            return sdpa__fail(SDPA_ERR_STRIDE, "%s: %s.strides[%d]=%lld must be > 0 on an output (shape[%d]=%lld)",
+                              fn, name, d, (long long)t->strides[d], d, (long long)t->shape[d]);
+        order[n++] = d;
+    }
+    /* Insertion sort of the non-trivial dims by stride; each stride must clear the
+     * extent of all dims inside it, so no two indices share an address. */
+    for (int a = 1; a < n; ++a) {
+        int x = order[a], b = a - 1;
+        while (b >= 0 && t->strides[order[b]] > t->strides[x]) {
+            order[b + 1] = order[b];
+            --b;
+        }
+        order[b + 1] = x;
+    }
+    int64_t extent = 1; /* elements covered by the dims inside the current one */
+    for (int a = 0; a < n; ++a) {
+        int d = order[a];
+        if (t->strides[d] < extent)
+            return sdpa__fail(SDPA_ERR_STRIDE, "%s: %s overlaps itself: strides[%d]=%lld is smaller than the extent %lld of the dims inside it",
+                              fn, name, d, (long long)t->strides[d], (long long)extent);
+        extent += (t->shape[d] - 1) * t->strides[d];
+    }
+    return SDPA_OK;
+}
+
+static sdpa__span span_of(const void *data, int32_t rank, const int64_t *shape, const int64_t *strides,
+                          size_t elem) {
+    sdpa__span s = {0, 0};
+    int64_t lo = 0, hi = 0;
+    for (int32_t d = 0; d < rank; ++d) {
+        if (shape[d] == 0)
+            return s;
+        if (strides[d] > 0)
+            hi += (shape[d] - 1) * strides[d];
+        else
+            lo += (shape[d] - 1) * strides[d];
+    }
+    uintptr_t base = (uintptr_t)data;
+    s.lo = base - (uintptr_t)(-lo) * elem;
+    s.hi = base + (uintptr_t)hi * elem + elem;
+    return s;
+}
+
+sdpa__span sdpa__tensor_span(const sdpa_tensor *t) {
+    return span_of(t->data, t->rank, t->shape, t->strides, sizeof(float));
+}
+
+sdpa__span sdpa__mask_span(const sdpa_allow_mask *m) {
+    return span_of(m->data, m->rank, m->shape, m->strides, 1);
+}
+
+bool sdpa__spans_overlap(sdpa__span a, sdpa__span b) {
+    if (a.lo == a.hi || b.lo == b.hi)
+        return false;
+    return a.lo < b.hi && b.lo < a.hi;
+}
+
+sdpa_status sdpa__broadcast4(const char *fn, const char *name, int32_t rank, const int64_t *shape,
+                             const int64_t *strides, const int64_t target[4], int64_t out_strides[4]) {
+    static const char *const axis[4] = {"B", "Hq", "L", "S"};
+    for (int d = 0; d < 4; ++d)
+        out_strides[d] = 0;
+    for (int32_t r = 0; r < rank; ++r) {
+        int d = 4 - rank + r;
+        if (shape[r] == target[d]) {
+            out_strides[d] = target[d] == 1 ? 0 : strides[r];
+        } else if (shape[r] == 1) {
+            out_strides[d] = 0;
+        } else {
+            return sdpa__fail(SDPA_ERR_BROADCAST,
+                              "%s: %s.shape[%d]=%lld cannot broadcast to %s=%lld of [B, Hq, L, S]", fn,
+                              name, (int)r, (long long)shape[r], axis[d], (long long)target[d]);
+        }
+    }
+    return SDPA_OK;
+}
+
+SDPA_API sdpa_status sdpa_tensor_init(sdpa_tensor *view, float *data, int32_t rank, const int64_t *shape) {
+    static const char fn[] = "sdpa_tensor_init";
+    sdpa__clear_error();
+    if (view == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: view is NULL", fn);
+    memset(view, 0, sizeof *view);
+    view->dtype = SDPA_DTYPE_F32;
+    if (shape == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: shape is NULL", fn);
+    if (rank < 1 || rank > SDPA_MAX_RANK)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: rank=%d, expected 1..%d", fn, (int)rank, SDPA_MAX_RANK);
+    int64_t strides[SDPA_MAX_RANK];
+    int64_t acc = 1;
+    for (int32_t d = rank - 1; d >= 0; --d) {
+        if (shape[d] < 0)
+            return sdpa__fail(SDPA_ERR_SHAPE, "%s: shape[%d]=%lld is negative", fn, (int)d,
+                              (long long)shape[d]);
+        strides[d] = acc;
+        if (sdpa__mul_overflow(acc, shape[d] > 0 ? shape[d] : 1, &acc))
+            return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the shape has more elements than int64_t holds", fn);
+    }
+    sdpa_status st = sdpa__check_geometry(fn, "view", rank, shape, strides, sizeof(float));
+    if (st != SDPA_OK)
+        return st;
+    view->data = data;
+    view->rank = rank;
+    for (int32_t d = 0; d < rank; ++d) {
+        view->shape[d] = shape[d];
+        view->strides[d] = strides[d];
+    }
+    return SDPA_OK;
+}
+
+SDPA_API sdpa_status sdpa_tensor_init_4d(sdpa_tensor *view, float *data, int64_t d0, int64_t d1, int64_t d2,
+                                         int64_t d3) {
+    const int64_t shape[4] = {d0, d1, d2, d3};
+    return sdpa_tensor_init(view, data, 4, shape);
+}
+
+SDPA_API sdpa_status sdpa_tensor_init_3d(sdpa_tensor *view, float *data, int64_t d0, int64_t d1, int64_t d2) {
+    const int64_t shape[3] = {d0, d1, d2};
+    return sdpa_tensor_init(view, data, 3, shape);
+}
+
+SDPA_API sdpa_status sdpa_allow_mask_init(sdpa_allow_mask *mask, const uint8_t *data, int32_t rank,
+                                          const int64_t *shape) {
+    static const char fn[] = "sdpa_allow_mask_init";
+    sdpa__clear_error();
+    if (mask == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: mask is NULL", fn);
+    memset(mask, 0, sizeof *mask);
+    if (shape == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: shape is NULL", fn);
+    if (rank < 1 || rank > SDPA_MASK_MAX_RANK)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: rank=%d, expected 1..%d", fn, (int)rank, SDPA_MASK_MAX_RANK);
+    int64_t strides[SDPA_MASK_MAX_RANK];
+    int64_t acc = 1;
+    for (int32_t d = rank - 1; d >= 0; --d) {
+        if (shape[d] < 0)
+            return sdpa__fail(SDPA_ERR_SHAPE, "%s: shape[%d]=%lld is negative", fn, (int)d,
+                              (long long)shape[d]);
+        strides[d] = acc;
+        if (sdpa__mul_overflow(acc, shape[d] > 0 ? shape[d] : 1, &acc))
+            return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the shape has more elements than int64_t holds", fn);
+    }
+    sdpa_status st = sdpa__check_geometry(fn, "mask", rank, shape, strides, 1);
+    if (st != SDPA_OK)
+        return st;
+    mask->data = data;
+    mask->rank = rank;
+    for (int32_t d = 0; d < rank; ++d) {
+        mask->shape[d] = shape[d];
+        mask->strides[d] = strides[d];
+    }
+    return SDPA_OK;
+}
