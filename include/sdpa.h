@@ -148,7 +148,7 @@ typedef enum sdpa_dtype {
 } sdpa_dtype;
 
 /**
- * A non-owning strided view of a tensor (frozen layout; 168 bytes on LP64).
+ * A non-owning strided view of a tensor (frozen layout; 160 bytes on LP64).
  * Element [i0, ..., i(rank-1)] lives at ((float *)data)[sum_d i_d * strides[d]].
  * Strides are in elements and may be 0 (broadcast) or negative on inputs; outputs need
  * strides > 0 on every dimension of size > 1 and must not overlap themselves.

@@ -236,3 +236,10 @@ SDPA_API sdpa_status sdpa_allow_mask_init(sdpa_allow_mask *mask, const uint8_t *
     }
     return SDPA_OK;
 }
+
+/* The frozen public layouts (LP64). A change here is an ABI break: bump SDPA_VERSION_MAJOR. */
+#if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
+_Static_assert(sizeof(sdpa_tensor) == 160, "sdpa_tensor layout is frozen");
+_Static_assert(sizeof(sdpa_allow_mask) == 80, "sdpa_allow_mask layout is frozen");
+_Static_assert(offsetof(sdpa_options, workspace_bytes) == 128, "sdpa_options v1 layout is frozen");
+#endif
