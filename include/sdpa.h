@@ -314,9 +314,20 @@ typedef struct sdpa_options {
     size_t workspace_bytes; /**< size of workspace in bytes */
 } sdpa_options;
 
-/** Fill *options with the defaults documented on each field and set struct_size.
- *  Does nothing if options is NULL. */
-SDPA_API void sdpa_options_init(sdpa_options *options);
+/**
+ * Fill the first `struct_size` bytes of *options with the defaults documented on each field
+ * and set options->struct_size = struct_size. Writes exactly struct_size bytes, so a caller
+ * compiled against an older (smaller) sdpa_options is safe with a newer library; bytes the
+ * library does not know are zeroed. Does nothing if options is NULL or struct_size is smaller
+ * than sizeof(size_t). For ctypes: pass ctypes.sizeof(your Structure).
+ */
+SDPA_API void sdpa_options_init_sized(sdpa_options *options, size_t struct_size);
+
+/** Fill *options with the defaults for the sdpa_options of this header (inline, so the size
+ *  is the caller's): sdpa_options_init_sized(options, sizeof(sdpa_options)). */
+static inline void sdpa_options_init(sdpa_options *options) {
+    sdpa_options_init_sized(options, sizeof(sdpa_options));
+}
 
 /* --------------------------------------------------------------- attention */
 

@@ -14,22 +14,27 @@ static const char FN[] = "sdpa_attention";
 /* Bounds that keep position arithmetic (offset + i + window) inside int64_t. */
 #define SDPA__MAX_OFFSET ((int64_t)1 << 61)
 
-SDPA_API void sdpa_options_init(sdpa_options *options) {
-    if (options == NULL)
+SDPA_API void sdpa_options_init_sized(sdpa_options *options, size_t struct_size) {
+    if (options == NULL || struct_size < sizeof(size_t))
         return;
-    memset(options, 0, sizeof *options);
-    options->struct_size = sizeof *options;
-    options->alignment = SDPA_ALIGN_TOP_LEFT;
-    options->window_left = -1;
-    options->window_right = -1;
-    options->empty_rows = SDPA_EMPTY_ROWS_ERROR;
-    options->weights_stage = SDPA_WEIGHTS_PROBABILITIES;
-    options->check_finite = 1;
+    sdpa_options d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = struct_size;
+    d.alignment = SDPA_ALIGN_TOP_LEFT;
+    d.window_left = -1;
+    d.window_right = -1;
+    d.empty_rows = SDPA_EMPTY_ROWS_ERROR;
+    d.weights_stage = SDPA_WEIGHTS_PROBABILITIES;
+    d.check_finite = 1;
+    const size_t n = struct_size < sizeof d ? struct_size : sizeof d;
+    memcpy(options, &d, n);
+    if (struct_size > n)
+        memset((unsigned char *)options + n, 0, struct_size - n);
 }
 
 /* Copy the caller's options (of the caller's struct_size) into a full local struct. */
 static sdpa_status read_options(const sdpa_options *in, sdpa_options *o) {
-    sdpa_options_init(o);
+    sdpa_options_init_sized(o, sizeof *o);
     if (in == NULL)
         return SDPA_OK;
     if (in->struct_size < SDPA__OPTIONS_V1_SIZE)
@@ -348,11 +353,6 @@ static sdpa_status check_values(const sdpa__plan *p, uint8_t *used) {
                 for (int64_t i = 0; i < p->L; ++i) {
                     if (sdpa__row_is_padding(p, b, i))
                         continue;
-                    if (p->check_finite &&
-                        !row_finite(p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2], p->E,
-                                    p->q.strides[3]))
-                        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: query row (b=%lld,h=%lld,i=%lld) holds NaN or Inf", FN,
-                                          (long long)b, (long long)h, (long long)i);
                     int64_t lo, hi;
                     sdpa__row_range(p, b, i, &lo, &hi);
                     bool any = false;
@@ -381,6 +381,12 @@ static sdpa_status check_values(const sdpa__plan *p, uint8_t *used) {
                             used[j] = 1;
                         }
                     }
+                    /* A query row with no allowed key is never read, so it is not inspected. */
+                    if (any && p->check_finite &&
+                        !row_finite(p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2], p->E,
+                                    p->q.strides[3]))
+                        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: query row (b=%lld,h=%lld,i=%lld) holds NaN or Inf", FN,
+                                          (long long)b, (long long)h, (long long)i);
                     if (!any && need_empty)
                         return sdpa__fail(SDPA_ERR_EMPTY_ROW,
                                           "%s: query row (b=%lld,h=%lld,i=%lld) has no allowed key (use SDPA_EMPTY_ROWS_ZERO to get a zero row)",
