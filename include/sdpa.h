@@ -195,7 +195,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_3d(sdpa_tensor *view, float
  * sdpa_mask_from_keep_int().)
  * Rank 1..4, broadcast right-aligned (numpy rules) to [B, Hq, L, S]: [S], [L, S],
  * [Hq, L, S], [B, Hq, L, S]; a dimension of size 1 or stride 0 broadcasts.
- * Strides in elements (= bytes). Frozen layout.
+ * Strides in elements (= bytes). Entries at index >= rank must be 0. Frozen layout.
  */
 typedef struct sdpa_allow_mask {
     const uint8_t *data;                 /**< element [0, ..., 0] */

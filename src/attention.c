@@ -239,6 +239,11 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
             return sdpa__fail(SDPA_ERR_RANK, "%s: allow_mask.rank=%d, expected 1..4", FN, (int)m->rank);
         if (m->reserved0 != 0)
             return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: allow_mask.reserved0 must be 0", FN);
+        for (int32_t d = m->rank; d < SDPA_MASK_MAX_RANK; ++d)
+            if (m->shape[d] != 0 || m->strides[d] != 0)
+                return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
+                                  "%s: allow_mask.shape[%d] and strides[%d] are beyond rank=%d and must be 0", FN, (int)d,
+                                  (int)d, (int)m->rank);
         if ((st = sdpa__check_geometry(FN, "allow_mask", m->rank, m->shape, m->strides, 1)) != SDPA_OK) return st;
         if ((st = sdpa__broadcast4(FN, "allow_mask", m->rank, m->shape, m->strides, target, p->mask.strides)) != SDPA_OK)
             return st;
@@ -412,6 +417,14 @@ static sdpa_status check_values(const sdpa__plan *p, uint8_t *used) {
     return SDPA_OK;
 }
 
+#define SDPA__WS_ALIGN_SLACK 64u
+
+/* Kernel workspace plus slack to align a caller buffer of any alignment; SIZE_MAX on overflow. */
+static size_t workspace_bytes(const sdpa__plan *p) {
+    size_t n = sdpa__reference_workspace_bytes(p);
+    return n > SIZE_MAX - SDPA__WS_ALIGN_SLACK ? SIZE_MAX : n + SDPA__WS_ALIGN_SLACK;
+}
+
 SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const sdpa_tensor *k,
                                                    const sdpa_tensor *v, const sdpa_options *options,
                                                    int weights_requested, size_t *bytes) {
@@ -424,7 +437,7 @@ SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const s
     if (st != SDPA_OK)
         return st;
     p.has_weights = weights_requested != 0;
-    size_t n = sdpa__reference_workspace_bytes(&p);
+    size_t n = workspace_bytes(&p);
     if (n == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "sdpa_attention_workspace_size: the workspace size overflows size_t");
     *bytes = n;
@@ -440,7 +453,7 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, 
     sdpa_status st = make_plan(q, k, v, options, out, weights, lse, false, &p, &o);
     if (st != SDPA_OK)
         return st;
-    size_t need = sdpa__reference_workspace_bytes(&p);
+    size_t need = workspace_bytes(&p);
     if (need == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", FN);
     void *ws = o.workspace, *owned = NULL;
@@ -454,6 +467,9 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, 
         if (ws == NULL)
             return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", FN, need);
     }
+    /* Any caller alignment is accepted: the size includes 64 bytes of slack to round up. */
+    ws = (void *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
+    need -= SDPA__WS_ALIGN_SLACK;
     /* The kernel's workspace starts with S bytes of row flags; check_values borrows them. */
     st = check_values(&p, (uint8_t *)ws);
     if (st == SDPA_OK)

@@ -62,6 +62,10 @@ sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char 
     }
     if (t->reserved[0] != 0 || t->reserved[1] != 0)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s.reserved must be 0", fn, name);
+    for (int32_t d = t->rank; d < SDPA_MAX_RANK; ++d)
+        if (t->shape[d] != 0 || t->strides[d] != 0)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s.shape[%d] and strides[%d] are beyond rank=%d and must be 0",
+                              fn, name, (int)d, (int)d, (int)t->rank);
     sdpa_status st = sdpa__check_geometry(fn, name, t->rank, t->shape, t->strides, sizeof(float));
     if (st != SDPA_OK)
         return st;

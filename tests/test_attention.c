@@ -1,0 +1,1405 @@
+/*
+ * sdpa_attention numerics: the golden 3x3 causal case, random configurations against the
+ * double-precision reference (tests/ref), and properties (row sums, causality,
+ * permutation invariance, determinism, masked NaN never leaking).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "test_common.h"
+
+#define RTOL 1e-5
+#define N_RANDOM_CASES 240
+
+/* ------------------------------------------------------------- golden 3x3 */
+
+static void attention_golden_causal_3x3_matches_averages(void **state)
+{
+    (void)state;
+    float q[3 * 4] = {0}, k[3 * 4] = {0};
+    float v[3] = {2.0f, 4.0f, 8.0f};
+    float out[3], w[9], lse[3];
+    tc_fill_canary(out, sizeof out);
+    tc_fill_canary(w, sizeof w);
+    tc_fill_canary(lse, sizeof lse);
+
+    sdpa_tensor tq = tc_view4(q, 1, 1, 3, 4), tk = tc_view4(k, 1, 1, 3, 4);
+    sdpa_tensor tv = tc_view4(v, 1, 1, 3, 1), to = tc_view4(out, 1, 1, 3, 1);
+    sdpa_tensor tw = tc_view4(w, 1, 1, 3, 3), tl;
+    int64_t lshape[3] = {1, 1, 3};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 3, lshape), SDPA_OK);
+
+    sdpa_options opt;
+    sdpa_options_init(&opt);
+    opt.causal = 1;
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, &opt, &to, &tw, &tl), SDPA_OK);
+    assert_string_equal(sdpa_last_error_message(), "");
+    assert_true(sdpa_last_kernel()[0] != '\0');
+
+    assert_float_equal(out[0], 2.0f, 1e-6);
+    assert_float_equal(out[1], 3.0f, 1e-6);
+    assert_float_equal(out[2], 14.0f / 3.0f, 1e-5);
+
+    const float expect_w[9] = {1.0f, 0.0f, 0.0f, 0.5f, 0.5f, 0.0f, 1.0f / 3, 1.0f / 3, 1.0f / 3};
+    for (int e = 0; e < 9; ++e) {
+        assert_float_equal(w[e], expect_w[e], 1e-6);
+    }
+    /* masked weights are exactly zero, not tiny */
+    assert_true(w[1] == 0.0f && w[2] == 0.0f && w[5] == 0.0f);
+
+    assert_float_equal(lse[0], 0.0f, 1e-6);
+    assert_float_equal(lse[1], (float)log(2.0), 1e-6);
+    assert_float_equal(lse[2], (float)log(3.0), 1e-6);
+}
+
+static void attention_golden_rank3_matches_rank4(void **state)
+{
+    (void)state;
+    float q[3 * 2] = {0}, k[3 * 2] = {0};
+    float v[3] = {2.0f, 4.0f, 8.0f};
+    float out[3], lse[3];
+    sdpa_tensor tq = tc_view3(q, 1, 3, 2), tk = tc_view3(k, 1, 3, 2);
+    sdpa_tensor tv = tc_view3(v, 1, 3, 1), to = tc_view3(out, 1, 3, 1), tl;
+    int64_t lshape[2] = {1, 3};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 2, lshape), SDPA_OK);
+    sdpa_options opt;
+    sdpa_options_init(&opt);
+    opt.causal = 1;
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, &opt, &to, NULL, &tl), SDPA_OK);
+    assert_float_equal(out[0], 2.0f, 1e-6);
+    assert_float_equal(out[1], 3.0f, 1e-6);
+    assert_float_equal(out[2], 14.0f / 3.0f, 1e-5);
+    assert_float_equal(lse[2], (float)log(3.0), 1e-6);
+}
+
+static void attention_reference_golden_causal_matches_averages(void **state)
+{
+    (void)state;
+    /* The oracle itself must know the golden facts. */
+    double q[3] = {0}, k[3] = {0}, v[3] = {2, 4, 8};
+    double out[3], w[9], lse[3];
+    ref_problem p;
+    ref_problem_init(&p);
+    p.B = p.Hq = p.Hkv = 1;
+    p.L = p.S = 3;
+    p.E = p.Ev = 1;
+    ref_view_contiguous4(&p.q, q, 1, 1, 3, 1);
+    ref_view_contiguous4(&p.k, k, 1, 1, 3, 1);
+    ref_view_contiguous4(&p.v, v, 1, 1, 3, 1);
+    p.causal = 1;
+    ref_report r = ref_attention(&p, out, w, lse, NULL);
+    assert_int_equal(r.status, REF_OK);
+    assert_true(fabs(out[0] - 2.0) < 1e-12);
+    assert_true(fabs(out[1] - 3.0) < 1e-12);
+    assert_true(fabs(out[2] - 14.0 / 3.0) < 1e-12);
+    assert_true(w[1] == 0.0 && w[2] == 0.0 && w[5] == 0.0);
+    assert_true(fabs(lse[2] - log(3.0)) < 1e-12);
+}
+
+/* ------------------------------------------------------- random vs reference */
+
+typedef struct rcase {
+    int index;
+    uint64_t seed;
+    int rank;
+    int64_t B, Hq, Hkv, L, S, E, Ev;
+    tc_buf q, k, v, out, w, lse, bias;
+    int has_bias, has_mask, want_w, want_lse, use_ws;
+    uint8_t *mask_base;
+    sdpa_allow_mask mask;
+    ref_mask rmask;
+    ref_view rbias;
+    int64_t offsets[4], kl[4], ql[4];
+    sdpa_options opt;
+    ref_problem rp;
+    void *ws;
+    size_t ws_bytes;
+    char desc[2048];
+} rcase;
+
+static void random_layout(tc_rng *r, tc_layout *lay, int rank, const int64_t *shape, int is_input)
+{
+    tc_layout_contiguous(lay, rank);
+    int kind = (int)tc_rng_int(r, 0, 3);
+    if (rank == 4 && kind == 1) {
+        lay->perm[1] = 2; /* BSHD storage of a [B, H, S, D] view */
+        lay->perm[2] = 1;
+    } else if (kind == 2) {
+        for (int i = rank - 1; i > 0; --i) {
+            int j = (int)tc_rng_int(r, 0, i);
+            int t = lay->perm[i];
+            lay->perm[i] = lay->perm[j];
+            lay->perm[j] = t;
+        }
+    }
+    for (int d = 0; d < rank; ++d) {
+        if (tc_rng_chance(r, 0.2)) {
+            lay->pad[d] = tc_rng_int(r, 1, 3);
+        }
+        if (is_input) {
+            if (shape[d] > 1 && tc_rng_chance(r, 0.08)) {
+                lay->bcast[d] = 1;
+            } else if (tc_rng_chance(r, 0.1)) {
+                lay->reverse[d] = 1;
+            }
+        }
+    }
+}
+
+static int append(char *buf, size_t cap, const char *fmt, ...)
+{
+    size_t len = strlen(buf);
+    if (len >= cap) {
+        return 0;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
+    return n;
+}
+
+static void describe_view(char *d, size_t cap, const char *name, const tc_buf *b)
+{
+    append(d, cap, " %s[", name);
+    for (int i = 0; i < b->rank; ++i) {
+        append(d, cap, "%s%lld", i ? "," : "", (long long)b->shape[i]);
+    }
+    append(d, cap, "]/(");
+    for (int i = 0; i < b->rank; ++i) {
+        append(d, cap, "%s%lld", i ? "," : "", (long long)b->strides[i]);
+    }
+    append(d, cap, ")");
+}
+
+static void describe(rcase *c)
+{
+    char *d = c->desc;
+    size_t cap = sizeof c->desc;
+    d[0] = '\0';
+    append(d, cap, "case %d seed %llu: rank %d B=%lld Hq=%lld Hkv=%lld L=%lld S=%lld E=%lld Ev=%lld",
+           c->index, (unsigned long long)c->seed, c->rank, (long long)c->B, (long long)c->Hq,
+           (long long)c->Hkv, (long long)c->L, (long long)c->S, (long long)c->E, (long long)c->Ev);
+    describe_view(d, cap, "q", &c->q);
+    describe_view(d, cap, "k", &c->k);
+    describe_view(d, cap, "v", &c->v);
+    describe_view(d, cap, "out", &c->out);
+    if (c->want_w) {
+        describe_view(d, cap, "w", &c->w);
+    }
+    if (c->want_lse) {
+        describe_view(d, cap, "lse", &c->lse);
+    }
+    append(d, cap, " scale=%g softcap=%g causal=%d align=%d window=(%lld,%lld) empty_rows=%d stage=%d"
+                   " threads=%d ws=%d",
+           (double)c->opt.scale, (double)c->opt.softcap, c->opt.causal, c->opt.alignment,
+           (long long)c->opt.window_left, (long long)c->opt.window_right, c->opt.empty_rows,
+           c->opt.weights_stage, c->opt.num_threads, c->use_ws);
+    if (c->opt.alignment == SDPA_ALIGN_OFFSETS) {
+        append(d, cap, " offsets=");
+        for (int64_t b = 0; b < c->B; ++b) {
+            append(d, cap, "%s%lld", b ? "," : "", (long long)c->offsets[b]);
+        }
+    }
+    if (c->opt.key_lengths) {
+        append(d, cap, " key_lengths=");
+        for (int64_t b = 0; b < c->B; ++b) {
+            append(d, cap, "%s%lld", b ? "," : "", (long long)c->kl[b]);
+        }
+    }
+    if (c->opt.query_lengths) {
+        append(d, cap, " query_lengths=");
+        for (int64_t b = 0; b < c->B; ++b) {
+            append(d, cap, "%s%lld", b ? "," : "", (long long)c->ql[b]);
+        }
+    }
+    if (c->has_bias) {
+        describe_view(d, cap, "bias", &c->bias);
+    }
+    if (c->has_mask) {
+        append(d, cap, " mask[");
+        for (int i = 0; i < c->mask.rank; ++i) {
+            append(d, cap, "%s%lld", i ? "," : "", (long long)c->mask.shape[i]);
+        }
+        append(d, cap, "]/(");
+        for (int i = 0; i < c->mask.rank; ++i) {
+            append(d, cap, "%s%lld", i ? "," : "", (long long)c->mask.strides[i]);
+        }
+        append(d, cap, ")");
+    }
+}
+
+static void make_mask(rcase *c, tc_rng *r, const int64_t *full)
+{
+    int mr = (int)tc_rng_int(r, 1, 4);
+    memset(&c->mask, 0, sizeof c->mask);
+    c->mask.rank = mr;
+    int stride0[4] = {0};
+    for (int d = 0; d < mr; ++d) {
+        int64_t fs = full[4 - mr + d];
+        c->mask.shape[d] = tc_rng_chance(r, 0.35) ? 1 : fs;
+        stride0[d] = c->mask.shape[d] > 1 && tc_rng_chance(r, 0.15);
+    }
+    int64_t running = 1;
+    for (int d = mr - 1; d >= 0; --d) {
+        if (stride0[d]) {
+            c->mask.strides[d] = 0;
+            continue;
+        }
+        c->mask.strides[d] = running;
+        running *= c->mask.shape[d] > 0 ? c->mask.shape[d] : 1;
+    }
+    c->mask_base = malloc((size_t)running);
+    assert_non_null(c->mask_base);
+    static const uint8_t allow_values[4] = {1, 2, 128, 255};
+    for (int64_t e = 0; e < running; ++e) {
+        c->mask_base[e] = tc_rng_chance(r, 0.2) ? 0 : allow_values[tc_rng_int(r, 0, 3)];
+    }
+    c->mask.data = c->mask_base;
+    memset(&c->rmask, 0, sizeof c->rmask);
+    c->rmask.data = c->mask_base;
+    c->rmask.rank = mr;
+    for (int d = 0; d < mr; ++d) {
+        c->rmask.shape[d] = c->mask.shape[d];
+        c->rmask.strides[d] = c->mask.strides[d];
+    }
+}
+
+static void make_bias(rcase *c, tc_rng *r, const int64_t *full)
+{
+    int br = (int)tc_rng_int(r, 1, 4);
+    int64_t shape[4];
+    for (int d = 0; d < br; ++d) {
+        shape[d] = tc_rng_chance(r, 0.35) ? 1 : full[4 - br + d];
+    }
+    tc_layout lay;
+    random_layout(r, &lay, br, shape, 1);
+    tc_buf_alloc(&c->bias, br, shape, &lay, NAN);
+    tc_buf_fill_uniform(&c->bias, r, -2.0, 2.0);
+    int64_t idx[4] = {0};
+    do {
+        if (tc_rng_chance(r, 0.12)) {
+            tc_buf_set(&c->bias, idx, -INFINITY);
+        }
+    } while (tc_index_next(br, shape, idx));
+    c->rbias = tc_buf_ref_same_rank(&c->bias);
+}
+
+static void gen_case(rcase *c, int index, uint64_t seed, int large)
+{
+    tc_rng rng, *r = &rng;
+    tc_rng_seed(r, seed);
+    memset(c, 0, sizeof *c);
+    c->index = index;
+    c->seed = seed;
+    c->rank = tc_rng_chance(r, 0.3) ? 3 : 4;
+    c->B = tc_rng_int(r, 1, 3);
+    if (c->rank == 4) {
+        c->Hkv = tc_rng_int(r, 1, 3);
+        c->Hq = c->Hkv * tc_rng_int(r, 1, 3);
+        if (tc_rng_chance(r, 0.15)) {
+            c->Hkv = 1; /* MQA */
+        }
+    } else {
+        c->Hq = c->Hkv = 1;
+    }
+    if (large) {
+        /* crosses row/key block boundaries of tiled kernels */
+        c->B = tc_rng_int(r, 1, 2);
+        c->L = tc_rng_int(r, 1, 150);
+        c->S = tc_rng_int(r, 1, 300);
+        c->E = tc_rng_int(r, 1, 72);
+        c->Ev = tc_rng_chance(r, 0.5) ? c->E : tc_rng_int(r, 1, 72);
+    } else {
+        c->L = tc_rng_int(r, 1, 9);
+        c->S = tc_rng_int(r, 1, 12);
+        c->E = tc_rng_int(r, 1, 16);
+        c->Ev = tc_rng_chance(r, 0.5) ? c->E : tc_rng_int(r, 1, 16);
+    }
+
+    int64_t qs[4], ks[4], vs[4], os[4], ws[4], ls[3];
+    if (c->rank == 4) {
+        int64_t a[4] = {c->B, c->Hq, c->L, c->E}, b[4] = {c->B, c->Hkv, c->S, c->E};
+        int64_t e[4] = {c->B, c->Hkv, c->S, c->Ev}, o[4] = {c->B, c->Hq, c->L, c->Ev};
+        int64_t w[4] = {c->B, c->Hq, c->L, c->S}, l[3] = {c->B, c->Hq, c->L};
+        memcpy(qs, a, sizeof a);
+        memcpy(ks, b, sizeof b);
+        memcpy(vs, e, sizeof e);
+        memcpy(os, o, sizeof o);
+        memcpy(ws, w, sizeof w);
+        memcpy(ls, l, sizeof l);
+    } else {
+        int64_t a[3] = {c->B, c->L, c->E}, b[3] = {c->B, c->S, c->E};
+        int64_t e[3] = {c->B, c->S, c->Ev}, o[3] = {c->B, c->L, c->Ev};
+        int64_t w[3] = {c->B, c->L, c->S}, l[2] = {c->B, c->L};
+        memcpy(qs, a, sizeof a);
+        memcpy(ks, b, sizeof b);
+        memcpy(vs, e, sizeof e);
+        memcpy(os, o, sizeof o);
+        memcpy(ws, w, sizeof w);
+        memcpy(ls, l, sizeof l);
+    }
+    tc_layout lay;
+    random_layout(r, &lay, c->rank, qs, 1);
+    tc_buf_alloc(&c->q, c->rank, qs, &lay, NAN);
+    tc_buf_fill_uniform(&c->q, r, -1.0, 1.0);
+    random_layout(r, &lay, c->rank, ks, 1);
+    tc_buf_alloc(&c->k, c->rank, ks, &lay, NAN);
+    tc_buf_fill_uniform(&c->k, r, -1.0, 1.0);
+    random_layout(r, &lay, c->rank, vs, 1);
+    tc_buf_alloc(&c->v, c->rank, vs, &lay, NAN);
+    tc_buf_fill_uniform(&c->v, r, -2.0, 2.0);
+    random_layout(r, &lay, c->rank, os, 0);
+    tc_buf_alloc_canary(&c->out, c->rank, os, &lay);
+
+    c->want_w = tc_rng_chance(r, 0.6);
+    c->want_lse = tc_rng_chance(r, 0.6);
+    if (c->want_w) {
+        random_layout(r, &lay, c->rank, ws, 0);
+        tc_buf_alloc_canary(&c->w, c->rank, ws, &lay);
+    }
+    if (c->want_lse) {
+        random_layout(r, &lay, c->rank - 1, ls, 0);
+        tc_buf_alloc_canary(&c->lse, c->rank - 1, ls, &lay);
+    }
+
+    sdpa_options *o = &c->opt;
+    sdpa_options_init(o);
+    ref_problem *p = &c->rp;
+    ref_problem_init(p);
+    p->B = c->B;
+    p->Hq = c->Hq;
+    p->Hkv = c->Hkv;
+    p->L = c->L;
+    p->S = c->S;
+    p->E = c->E;
+    p->Ev = c->Ev;
+
+    if (tc_rng_chance(r, 0.3)) {
+        o->scale = (float)tc_rng_uniform(r, 0.05, 1.5);
+        p->scale = o->scale;
+    }
+    if (tc_rng_chance(r, 0.3)) {
+        o->softcap = (float)tc_rng_uniform(r, 0.5, 5.0);
+        p->softcap = o->softcap;
+    }
+    const int64_t full[4] = {c->B, c->rank == 4 ? c->Hq : 1, c->L, c->S};
+    if (tc_rng_chance(r, 0.4)) {
+        c->has_bias = 1;
+        make_bias(c, r, full);
+        p->bias = &c->rbias;
+    }
+    if (tc_rng_chance(r, 0.45)) {
+        c->has_mask = 1;
+        make_mask(c, r, full);
+        o->allow_mask = &c->mask;
+        p->mask = &c->rmask;
+    }
+    int use_window = tc_rng_chance(r, 0.25);
+    if (tc_rng_chance(r, 0.35)) {
+        o->causal = p->causal = 1;
+    }
+    if (o->causal || use_window) {
+        o->alignment = p->alignment = (int)tc_rng_int(r, 0, 2);
+        if (o->alignment == SDPA_ALIGN_OFFSETS) {
+            for (int64_t b = 0; b < c->B; ++b) {
+                c->offsets[b] = tc_rng_int(r, -c->S, c->S);
+            }
+            o->query_offsets = p->query_offsets = c->offsets;
+        }
+    }
+    if (use_window) {
+        o->window_left = p->window_left = tc_rng_int(r, -1, c->S);
+        o->window_right = p->window_right = tc_rng_int(r, -1, c->S);
+    }
+    if (tc_rng_chance(r, 0.25)) {
+        for (int64_t b = 0; b < c->B; ++b) {
+            c->kl[b] = tc_rng_int(r, 0, c->S);
+        }
+        o->key_lengths = p->key_lengths = c->kl;
+    }
+    if (tc_rng_chance(r, 0.2)) {
+        for (int64_t b = 0; b < c->B; ++b) {
+            c->ql[b] = tc_rng_int(r, 0, c->L);
+        }
+        o->query_lengths = p->query_lengths = c->ql;
+    }
+    if (tc_rng_chance(r, 0.6)) {
+        o->empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        p->empty_rows_zero = 1;
+    }
+    if (c->want_w) {
+        o->weights_stage = p->weights_stage = (int)tc_rng_int(r, 0, 3);
+    }
+    o->num_threads = (int32_t)tc_rng_int(r, 0, 3);
+    c->use_ws = tc_rng_chance(r, 0.3);
+
+    p->q = tc_buf_ref4(&c->q);
+    p->k = tc_buf_ref4(&c->k);
+    p->v = tc_buf_ref4(&c->v);
+    if (c->has_bias) {
+        c->rbias = tc_buf_ref_same_rank(&c->bias);
+    }
+    describe(c);
+}
+
+static void free_case(rcase *c)
+{
+    tc_buf_free(&c->q);
+    tc_buf_free(&c->k);
+    tc_buf_free(&c->v);
+    tc_buf_free(&c->out);
+    if (c->want_w) {
+        tc_buf_free(&c->w);
+    }
+    if (c->want_lse) {
+        tc_buf_free(&c->lse);
+    }
+    if (c->has_bias) {
+        tc_buf_free(&c->bias);
+    }
+    free(c->mask_base);
+    free(c->ws);
+}
+
+/* Error of one element: exact match required where the reference is not finite or a
+ * structural zero; otherwise relative to max(1, |ref|). Returns +inf on a hard mismatch. */
+static double elem_err(float got, double ref, int exact)
+{
+    if (!isfinite(ref) || exact) {
+        if (isnan(ref)) {
+            return isnan(got) ? 0.0 : INFINITY;
+        }
+        return ((double)got == ref) ? 0.0 : INFINITY;
+    }
+    if (!isfinite(got)) {
+        return INFINITY;
+    }
+    double scale = fabs(ref) > 1.0 ? fabs(ref) : 1.0;
+    return fabs((double)got - ref) / scale;
+}
+
+static double g_max_err; /* largest error over all random cases (reported) */
+
+/* What the successful random cases covered; each feature must appear a few times. */
+enum {
+    COV_RANK3, COV_RANK4, COV_GQA, COV_MQA, COV_EV_NE_E, COV_SCALE, COV_SOFTCAP,
+    COV_BIAS_R1, COV_BIAS_R2, COV_BIAS_R3, COV_BIAS_R4, COV_BIAS_NEG_INF,
+    COV_MASK_R1, COV_MASK_R2, COV_MASK_R3, COV_MASK_R4, COV_MASK_STRIDE0,
+    COV_INPUT_STRIDE0, COV_INPUT_NEGATIVE, COV_PERMUTED_LAYOUT,
+    COV_CAUSAL_TL, COV_CAUSAL_BR, COV_CAUSAL_OFF, COV_WINDOW, COV_KEY_LENGTHS, COV_QUERY_LENGTHS,
+    COV_ZERO_EMPTY_ROW, COV_PADDED_ROW,
+    COV_STAGE0, COV_STAGE1, COV_STAGE2, COV_STAGE3, COV_LSE, COV_WORKSPACE, COV_COUNT
+};
+static const char *const cov_names[COV_COUNT] = {
+    "rank3", "rank4", "gqa", "mqa", "ev!=e", "scale", "softcap",
+    "bias rank1", "bias rank2", "bias rank3", "bias rank4", "bias -inf",
+    "mask rank1", "mask rank2", "mask rank3", "mask rank4", "mask stride0",
+    "input stride0", "input negative stride", "permuted layout",
+    "causal top-left", "causal bottom-right", "causal offsets", "window", "key_lengths", "query_lengths",
+    "ZERO empty row", "padded row",
+    "stage probabilities", "stage scores", "stage softcapped", "stage masked", "lse", "workspace",
+};
+static int g_cov[COV_COUNT];
+
+static int any_stride(const tc_buf *b, int zero, int negative)
+{
+    for (int d = 0; d < b->rank; ++d) {
+        if (b->shape[d] > 1 && ((zero && b->strides[d] == 0) || (negative && b->strides[d] < 0))) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int permuted(const tc_buf *b)
+{
+    for (int d = 0; d + 1 < b->rank; ++d) {
+        if (b->shape[d] > 1 && b->shape[d + 1] > 1 && b->strides[d] > 0 && b->strides[d + 1] > 0 &&
+            b->strides[d] < b->strides[d + 1]) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+typedef struct cmp_state {
+    double max_err;
+    char where[256];
+} cmp_state;
+
+static void note(cmp_state *s, double err, const char *what, int64_t b, int64_t h, int64_t i,
+                 int64_t j, float got, double ref)
+{
+    if (err > s->max_err || (isinf(err) && !isinf(s->max_err))) {
+        s->max_err = err;
+        snprintf(s->where, sizeof s->where, "%s[b=%lld,h=%lld,i=%lld,%lld] got %.9g ref %.9g", what,
+                 (long long)b, (long long)h, (long long)i, (long long)j, (double)got, ref);
+    }
+}
+
+/* Element pointer of a rank-3/4 output view at (b, h, i, last). */
+static float out_elem(const rcase *c, const tc_buf *buf, int64_t b, int64_t h, int64_t i, int64_t last)
+{
+    int64_t idx[4];
+    if (buf->rank == 4) {
+        idx[0] = b, idx[1] = h, idx[2] = i, idx[3] = last;
+    } else {
+        idx[0] = b, idx[1] = i, idx[2] = last;
+    }
+    (void)c;
+    return *tc_buf_fptr(buf, idx);
+}
+
+static float lse_elem(const rcase *c, int64_t b, int64_t h, int64_t i)
+{
+    int64_t idx[3];
+    if (c->lse.rank == 3) {
+        idx[0] = b, idx[1] = h, idx[2] = i;
+    } else {
+        idx[0] = b, idx[1] = i;
+    }
+    return *tc_buf_fptr(&c->lse, idx);
+}
+
+static int run_case(rcase *c)
+{
+    const int64_t rows = c->B * c->Hq * c->L;
+    double *rout = calloc((size_t)(rows * c->Ev + 1), sizeof(double));
+    double *rw = calloc((size_t)(rows * c->S + 1), sizeof(double));
+    double *rlse = calloc((size_t)(rows + 1), sizeof(double));
+    uint8_t *kind = calloc((size_t)(rows + 1), 1);
+    assert_true(rout && rw && rlse && kind);
+
+    ref_report rep = ref_attention(&c->rp, rout, c->want_w ? rw : NULL, rlse, kind);
+    const int expect_empty = rep.status == REF_EMPTY_ROW;
+    if (rep.status < 0 || rep.status == REF_NON_FINITE) {
+        fail_msg("reference failed (%d) on %s", rep.status, c->desc);
+    }
+
+    sdpa_tensor tq = tc_buf_view(&c->q), tk = tc_buf_view(&c->k), tv = tc_buf_view(&c->v);
+    sdpa_tensor to = tc_buf_view(&c->out), tw, tl;
+    if (c->want_w) {
+        tw = tc_buf_view(&c->w);
+    }
+    if (c->want_lse) {
+        tl = tc_buf_view(&c->lse);
+    }
+    if (c->has_bias) {
+        static sdpa_tensor tb;
+        tb = tc_buf_view(&c->bias);
+        c->opt.bias = &tb;
+    }
+    if (c->use_ws) {
+        size_t bytes = 0;
+        sdpa_status ss = sdpa_attention_workspace_size(&tq, &tk, &tv, &c->opt, c->want_w, &bytes);
+        if (ss != SDPA_OK) {
+            fail_msg("workspace_size returned %s (%s) on %s", sdpa_status_string(ss),
+                     sdpa_last_error_message(), c->desc);
+        }
+        c->ws = malloc(bytes ? bytes : 1);
+        assert_non_null(c->ws);
+        c->ws_bytes = bytes;
+        c->opt.workspace = c->ws;
+        c->opt.workspace_bytes = bytes;
+    }
+
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, &c->opt, &to, c->want_w ? &tw : NULL,
+                                    c->want_lse ? &tl : NULL);
+    c->opt.bias = NULL;
+
+    if (rep.status == REF_EMPTY_ROW) {
+        if (st != SDPA_ERR_EMPTY_ROW) {
+            fail_msg("expected SDPA_ERR_EMPTY_ROW (row b=%lld h=%lld i=%lld), got %s on %s",
+                     (long long)rep.empty_b, (long long)rep.empty_h, (long long)rep.empty_i,
+                     sdpa_status_string(st), c->desc);
+        }
+        if (sdpa_last_error_message()[0] == '\0') {
+            fail_msg("empty error message on %s", c->desc);
+        }
+        if (!tc_buf_all_canary(&c->out) || (c->want_w && !tc_buf_all_canary(&c->w)) ||
+            (c->want_lse && !tc_buf_all_canary(&c->lse))) {
+            fail_msg("output written although the call failed: %s", c->desc);
+        }
+        goto done;
+    }
+    if (st != SDPA_OK) {
+        fail_msg("expected SDPA_OK, got %s (%s) on %s", sdpa_status_string(st),
+                 sdpa_last_error_message(), c->desc);
+    }
+    if (!tc_buf_holes_intact(&c->out) || (c->want_w && !tc_buf_holes_intact(&c->w)) ||
+        (c->want_lse && !tc_buf_holes_intact(&c->lse))) {
+        fail_msg("write outside the output view: %s", c->desc);
+    }
+
+    cmp_state s;
+    s.max_err = 0.0;
+    s.where[0] = '\0';
+    for (int64_t b = 0; b < c->B; ++b) {
+        for (int64_t h = 0; h < c->Hq; ++h) {
+            for (int64_t i = 0; i < c->L; ++i) {
+                const int64_t row = (b * c->Hq + h) * c->L + i;
+                const int special = kind[row] != REF_ROW_NORMAL;
+                for (int64_t e = 0; e < c->Ev; ++e) {
+                    float g = out_elem(c, &c->out, b, h, i, e);
+                    note(&s, elem_err(g, rout[row * c->Ev + e], special), "out", b, h, i, e, g,
+                         rout[row * c->Ev + e]);
+                }
+                if (c->want_lse) {
+                    float g = lse_elem(c, b, h, i);
+                    note(&s, elem_err(g, rlse[row], special), "lse", b, h, i, 0, g, rlse[row]);
+                }
+                if (c->want_w) {
+                    /* Empty rows (ZERO policy): probabilities are zeros; SCORES / SOFTCAPPED
+                     * still hold every pair's score and MASKED is all -inf (the reference's
+                     * reading of "zero weights" for the score stages; see sdpa_ref.h). */
+                    double sum = 0.0;
+                    for (int64_t j = 0; j < c->S; ++j) {
+                        float g = out_elem(c, &c->w, b, h, i, j);
+                        double ref = rw[row * c->S + j];
+                        int exact = kind[row] == REF_ROW_PADDING ||
+                                    (c->opt.weights_stage == SDPA_WEIGHTS_PROBABILITIES && ref == 0.0);
+                        note(&s, elem_err(g, ref, exact), "weights", b, h, i, j, g, ref);
+                        sum += g;
+                    }
+                    if (c->opt.weights_stage == SDPA_WEIGHTS_PROBABILITIES && kind[row] == REF_ROW_NORMAL &&
+                        fabs(sum - 1.0) > 1e-6) {
+                        fail_msg("weights row b=%lld h=%lld i=%lld sums to %.9g on %s", (long long)b,
+                                 (long long)h, (long long)i, sum, c->desc);
+                    }
+                }
+            }
+        }
+    }
+    {
+        int64_t n_empty = 0, n_pad = 0, n_neg_inf = 0;
+        for (int64_t row = 0; row < rows; ++row) {
+            n_empty += kind[row] == REF_ROW_EMPTY;
+            n_pad += kind[row] == REF_ROW_PADDING;
+        }
+        if (c->has_bias) {
+            int64_t idx[4] = {0};
+            do {
+                n_neg_inf += isinf(*tc_buf_fptr(&c->bias, idx)) != 0;
+            } while (tc_index_next(c->bias.rank, c->bias.shape, idx));
+        }
+        int *g = g_cov;
+        g[COV_RANK3] += c->rank == 3;
+        g[COV_RANK4] += c->rank == 4;
+        g[COV_GQA] += c->Hq > c->Hkv && c->Hkv > 1;
+        g[COV_MQA] += c->Hq > 1 && c->Hkv == 1;
+        g[COV_EV_NE_E] += c->Ev != c->E;
+        g[COV_SCALE] += c->opt.scale > 0;
+        g[COV_SOFTCAP] += c->opt.softcap > 0;
+        if (c->has_bias) {
+            g[COV_BIAS_R1 + c->bias.rank - 1]++;
+            g[COV_BIAS_NEG_INF] += n_neg_inf > 0;
+        }
+        if (c->has_mask) {
+            g[COV_MASK_R1 + c->mask.rank - 1]++;
+            for (int d = 0; d < c->mask.rank; ++d) {
+                if (c->mask.shape[d] > 1 && c->mask.strides[d] == 0) {
+                    g[COV_MASK_STRIDE0]++;
+                    break;
+                }
+            }
+        }
+        g[COV_INPUT_STRIDE0] += any_stride(&c->q, 1, 0) || any_stride(&c->k, 1, 0) || any_stride(&c->v, 1, 0);
+        g[COV_INPUT_NEGATIVE] += any_stride(&c->q, 0, 1) || any_stride(&c->k, 0, 1) || any_stride(&c->v, 0, 1);
+        g[COV_PERMUTED_LAYOUT] += permuted(&c->q) || permuted(&c->k) || permuted(&c->out);
+        g[COV_CAUSAL_TL] += c->opt.causal && c->opt.alignment == SDPA_ALIGN_TOP_LEFT;
+        g[COV_CAUSAL_BR] += c->opt.causal && c->opt.alignment == SDPA_ALIGN_BOTTOM_RIGHT;
+        g[COV_CAUSAL_OFF] += c->opt.causal && c->opt.alignment == SDPA_ALIGN_OFFSETS;
+        g[COV_WINDOW] += c->opt.window_left >= 0 || c->opt.window_right >= 0;
+        g[COV_KEY_LENGTHS] += c->opt.key_lengths != NULL;
+        g[COV_QUERY_LENGTHS] += c->opt.query_lengths != NULL;
+        g[COV_ZERO_EMPTY_ROW] += n_empty > 0;
+        g[COV_PADDED_ROW] += n_pad > 0;
+        if (c->want_w) {
+            g[COV_STAGE0 + c->opt.weights_stage]++;
+        }
+        g[COV_LSE] += c->want_lse;
+        g[COV_WORKSPACE] += c->use_ws;
+    }
+    if (s.max_err > g_max_err) {
+        g_max_err = s.max_err;
+    }
+    if (s.max_err > RTOL) {
+        fail_msg("max error %.3g > %.1g at %s on %s", s.max_err, RTOL, s.where, c->desc);
+    }
+done:
+    free(rout);
+    free(rw);
+    free(rlse);
+    free(kind);
+    return expect_empty;
+}
+
+static void attention_random_configs_match_reference(void **state)
+{
+    (void)state;
+    int empty_expected = 0, ok_expected = 0;
+    /* SDPA_TEST_RANDOM_CASES / SDPA_TEST_SEED widen or move the search (stress runs). */
+    int n_cases = N_RANDOM_CASES;
+    uint64_t base = 0xA77E11u;
+    const char *env_n = getenv("SDPA_TEST_RANDOM_CASES"), *env_seed = getenv("SDPA_TEST_SEED");
+    if (env_n && atoi(env_n) > 0) {
+        n_cases = atoi(env_n);
+    }
+    if (env_seed) {
+        base = strtoull(env_seed, NULL, 0);
+    }
+    for (int n = 0; n < n_cases; ++n) {
+        rcase c;
+        gen_case(&c, n, base + (uint64_t)n * 7919u, 0);
+        if (run_case(&c)) {
+            ++empty_expected;
+        } else {
+            ++ok_expected;
+        }
+        free_case(&c);
+    }
+    /* both outcomes must stay exercised by the generator */
+    print_message("random cases: %d succeeded, %d expected SDPA_ERR_EMPTY_ROW, max error %.3g\n",
+                  ok_expected, empty_expected, g_max_err);
+    assert_true(ok_expected > n_cases / 2 && empty_expected > n_cases / 50);
+    char cov[1024] = "";
+    for (int f = 0; f < COV_COUNT; ++f) {
+        append(cov, sizeof cov, "%s%s=%d", f ? ", " : "", cov_names[f], g_cov[f]);
+    }
+    print_message("coverage: %s\n", cov);
+    for (int f = 0; f < COV_COUNT; ++f) {
+        if (g_cov[f] < 3) {
+            fail_msg("the random generator covered \"%s\" only %d times", cov_names[f], g_cov[f]);
+        }
+    }
+}
+
+static void attention_random_large_configs_match_reference(void **state)
+{
+    (void)state;
+    /* Fewer, bigger cases: L up to 150, S up to 300, E up to 72. */
+    int n_cases = 24;
+    const char *env_n = getenv("SDPA_TEST_RANDOM_LARGE_CASES");
+    if (env_n && atoi(env_n) > 0) {
+        n_cases = atoi(env_n);
+    }
+    int ok = 0;
+    for (int n = 0; n < n_cases; ++n) {
+        rcase c;
+        gen_case(&c, n, 0x1A46Eu + (uint64_t)n * 104729u, 1);
+        ok += !run_case(&c);
+        free_case(&c);
+    }
+    print_message("large random cases: %d of %d succeeded, max error %.3g\n", ok, n_cases, g_max_err);
+    assert_true(ok >= n_cases / 2);
+}
+
+/* ----------------------------------------------------------- property helpers */
+
+typedef struct small {
+    int64_t B, H, L, S, E, Ev;
+    float *q, *k, *v, *out, *w, *lse;
+    sdpa_tensor tq, tk, tv, to, tw, tl;
+} small;
+
+static void small_alloc(small *s, int64_t B, int64_t H, int64_t L, int64_t S, int64_t E, int64_t Ev,
+                        uint64_t seed)
+{
+    memset(s, 0, sizeof *s);
+    s->B = B, s->H = H, s->L = L, s->S = S, s->E = E, s->Ev = Ev;
+    s->q = malloc(sizeof(float) * (size_t)(B * H * L * E));
+    s->k = malloc(sizeof(float) * (size_t)(B * H * S * E));
+    s->v = malloc(sizeof(float) * (size_t)(B * H * S * Ev));
+    s->out = malloc(sizeof(float) * (size_t)(B * H * L * Ev));
+    s->w = malloc(sizeof(float) * (size_t)(B * H * L * S));
+    s->lse = malloc(sizeof(float) * (size_t)(B * H * L));
+    assert_true(s->q && s->k && s->v && s->out && s->w && s->lse);
+    tc_rng r;
+    tc_rng_seed(&r, seed);
+    for (int64_t e = 0; e < B * H * L * E; ++e) {
+        s->q[e] = (float)tc_rng_uniform(&r, -1, 1);
+    }
+    for (int64_t e = 0; e < B * H * S * E; ++e) {
+        s->k[e] = (float)tc_rng_uniform(&r, -1, 1);
+    }
+    for (int64_t e = 0; e < B * H * S * Ev; ++e) {
+        s->v[e] = (float)tc_rng_uniform(&r, -1, 1);
+    }
+    s->tq = tc_view4(s->q, B, H, L, E);
+    s->tk = tc_view4(s->k, B, H, S, E);
+    s->tv = tc_view4(s->v, B, H, S, Ev);
+    s->to = tc_view4(s->out, B, H, L, Ev);
+    s->tw = tc_view4(s->w, B, H, L, S);
+    int64_t ls[3] = {B, H, L};
+    assert_int_equal(sdpa_tensor_init(&s->tl, s->lse, 3, ls), SDPA_OK);
+}
+
+static void small_free(small *s)
+{
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->out);
+    free(s->w);
+    free(s->lse);
+}
+
+static sdpa_status small_run(small *s, const sdpa_options *opt)
+{
+    tc_fill_canary(s->out, sizeof(float) * (size_t)(s->B * s->H * s->L * s->Ev));
+    tc_fill_canary(s->w, sizeof(float) * (size_t)(s->B * s->H * s->L * s->S));
+    tc_fill_canary(s->lse, sizeof(float) * (size_t)(s->B * s->H * s->L));
+    return sdpa_attention(&s->tq, &s->tk, &s->tv, opt, &s->to, &s->tw, &s->tl);
+}
+
+/* Snapshot of all three outputs. */
+typedef struct snap {
+    float *out, *w, *lse;
+    size_t nout, nw, nlse;
+} snap;
+
+static void snap_take(snap *p, const small *s)
+{
+    p->nout = (size_t)(s->B * s->H * s->L * s->Ev);
+    p->nw = (size_t)(s->B * s->H * s->L * s->S);
+    p->nlse = (size_t)(s->B * s->H * s->L);
+    p->out = malloc(p->nout * sizeof(float));
+    p->w = malloc(p->nw * sizeof(float));
+    p->lse = malloc(p->nlse * sizeof(float));
+    assert_true(p->out && p->w && p->lse);
+    memcpy(p->out, s->out, p->nout * sizeof(float));
+    memcpy(p->w, s->w, p->nw * sizeof(float));
+    memcpy(p->lse, s->lse, p->nlse * sizeof(float));
+}
+
+static int snap_equal(const snap *p, const small *s)
+{
+    return memcmp(p->out, s->out, p->nout * sizeof(float)) == 0 &&
+           memcmp(p->w, s->w, p->nw * sizeof(float)) == 0 &&
+           memcmp(p->lse, s->lse, p->nlse * sizeof(float)) == 0;
+}
+
+static void snap_free(snap *p)
+{
+    free(p->out);
+    free(p->w);
+    free(p->lse);
+}
+
+/* --------------------------------------------------------------- properties */
+
+static void attention_weights_rows_sum_to_one(void **state)
+{
+    (void)state;
+    small s;
+    small_alloc(&s, 2, 3, 17, 301, 24, 8, 11);
+    for (int64_t e = 0; e < 2 * 3 * 17 * 24; ++e) {
+        s.q[e] *= 3.0f; /* peaky rows too */
+    }
+    uint8_t *mask = malloc(17 * 301);
+    assert_non_null(mask);
+    tc_rng r;
+    tc_rng_seed(&r, 5);
+    for (int e = 0; e < 17 * 301; ++e) {
+        mask[e] = (uint8_t)(tc_rng_chance(&r, 0.7) ? 1 : 0);
+    }
+    int64_t ms[2] = {17, 301};
+    sdpa_allow_mask m = tc_mask_view(mask, 2, ms);
+    for (int variant = 0; variant < 3; ++variant) {
+        sdpa_options opt;
+        sdpa_options_init(&opt);
+        opt.causal = variant == 1;
+        opt.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+        opt.allow_mask = variant == 2 ? &m : NULL;
+        assert_int_equal(small_run(&s, &opt), SDPA_OK);
+        for (int64_t row = 0; row < 2 * 3 * 17; ++row) {
+            double sum = 0.0;
+            for (int64_t j = 0; j < 301; ++j) {
+                float w = s.w[row * 301 + j];
+                assert_true(w >= 0.0f && w <= 1.0f);
+                sum += w;
+            }
+            if (fabs(sum - 1.0) > 1e-6) {
+                fail_msg("variant %d row %lld sums to %.9g", variant, (long long)row, sum);
+            }
+        }
+    }
+    free(mask);
+    small_free(&s);
+}
+
+static void attention_causal_future_token_changes_no_earlier_row(void **state)
+{
+    (void)state;
+    small s;
+    const int64_t L = 16, S = 16, E = 8;
+    small_alloc(&s, 1, 2, L, S, E, E, 21);
+    sdpa_options opt;
+    sdpa_options_init(&opt);
+    opt.causal = 1;
+    assert_int_equal(small_run(&s, &opt), SDPA_OK);
+    snap before;
+    snap_take(&before, &s);
+
+    const int64_t jf = 10;
+    for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t e = 0; e < E; ++e) {
+            s.k[(h * S + jf) * E + e] = 5.0f + (float)e;
+            s.v[(h * S + jf) * E + e] = -7.0f - (float)e;
+        }
+    }
+    assert_int_equal(small_run(&s, &opt), SDPA_OK);
+    for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t i = 0; i < L; ++i) {
+            const int64_t row = h * L + i;
+            int same = memcmp(&before.out[row * E], &s.out[row * E], (size_t)E * sizeof(float)) == 0 &&
+                       memcmp(&before.w[row * S], &s.w[row * S], (size_t)S * sizeof(float)) == 0 &&
+                       memcmp(&before.lse[row], &s.lse[row], sizeof(float)) == 0;
+            if (i < jf && !same) {
+                fail_msg("row h=%lld i=%lld changed when only key %lld changed", (long long)h,
+                         (long long)i, (long long)jf);
+            }
+            if (i >= jf && same) {
+                fail_msg("row h=%lld i=%lld did not change although it sees key %lld", (long long)h,
+                         (long long)i, (long long)jf);
+            }
+        }
+    }
+    snap_free(&before);
+    small_free(&s);
+}
+
+static void attention_key_permutation_leaves_output_unchanged(void **state)
+{
+    (void)state;
+    small s;
+    const int64_t L = 7, S = 13, E = 5, Ev = 6;
+    small_alloc(&s, 2, 2, L, S, E, Ev, 31);
+    assert_int_equal(small_run(&s, NULL), SDPA_OK);
+    snap before;
+    snap_take(&before, &s);
+
+    /* permutation j -> perm[j] over keys, applied to k and v together */
+    int64_t perm[13];
+    for (int64_t j = 0; j < S; ++j) {
+        perm[j] = (j * 5 + 3) % S;
+    }
+    float *k2 = malloc(sizeof(float) * (size_t)(4 * S * E));
+    float *v2 = malloc(sizeof(float) * (size_t)(4 * S * Ev));
+    assert_true(k2 && v2);
+    for (int64_t bh = 0; bh < 4; ++bh) {
+        for (int64_t j = 0; j < S; ++j) {
+            memcpy(&k2[(bh * S + perm[j]) * E], &s.k[(bh * S + j) * E], (size_t)E * sizeof(float));
+            memcpy(&v2[(bh * S + perm[j]) * Ev], &s.v[(bh * S + j) * Ev], (size_t)Ev * sizeof(float));
+        }
+    }
+    memcpy(s.k, k2, sizeof(float) * (size_t)(4 * S * E));
+    memcpy(s.v, v2, sizeof(float) * (size_t)(4 * S * Ev));
+    assert_int_equal(small_run(&s, NULL), SDPA_OK);
+    for (size_t e = 0; e < before.nout; ++e) {
+        if (fabsf(before.out[e] - s.out[e]) > 1e-6f) {
+            fail_msg("out[%zu]: %.9g vs %.9g after permuting keys", e, (double)before.out[e],
+                     (double)s.out[e]);
+        }
+    }
+    for (size_t e = 0; e < before.nlse; ++e) {
+        assert_float_equal(before.lse[e], s.lse[e], 1e-6);
+    }
+    /* weights follow the keys */
+    for (int64_t row = 0; row < 4 * L; ++row) {
+        for (int64_t j = 0; j < S; ++j) {
+            assert_float_equal(before.w[row * S + j], s.w[row * S + perm[j]], 1e-6);
+        }
+    }
+    free(k2);
+    free(v2);
+    snap_free(&before);
+    small_free(&s);
+}
+
+static void attention_token_permutation_permutes_outputs(void **state)
+{
+    (void)state;
+    /* Self-attention q = k = v = X over the first n valid tokens (key_lengths): permuting the
+     * valid tokens permutes the valid output rows. */
+    enum { T = 9, E = 6, NVALID = 7 };
+    float x[T * E], x2[T * E], out[T * E], out2[T * E];
+    tc_rng r;
+    tc_rng_seed(&r, 77);
+    for (int e = 0; e < T * E; ++e) {
+        x[e] = (float)tc_rng_uniform(&r, -1, 1);
+    }
+    const int perm[NVALID] = {3, 0, 6, 1, 5, 2, 4}; /* token t goes to perm[t] */
+    memcpy(x2, x, sizeof x);
+    for (int t = 0; t < NVALID; ++t) {
+        memcpy(&x2[perm[t] * E], &x[t * E], E * sizeof(float));
+    }
+    int64_t kl[1] = {NVALID};
+    sdpa_options opt;
+    sdpa_options_init(&opt);
+    opt.key_lengths = kl;
+    sdpa_tensor tx = tc_view3(x, 1, T, E), to = tc_view3(out, 1, T, E);
+    sdpa_tensor tx2 = tc_view3(x2, 1, T, E), to2 = tc_view3(out2, 1, T, E);
+    assert_int_equal(sdpa_attention(&tx, &tx, &tx, &opt, &to, NULL, NULL), SDPA_OK);
+    assert_int_equal(sdpa_attention(&tx2, &tx2, &tx2, &opt, &to2, NULL, NULL), SDPA_OK);
+    for (int t = 0; t < NVALID; ++t) {
+        for (int e = 0; e < E; ++e) {
+            if (fabsf(out[t * E + e] - out2[perm[t] * E + e]) > 1e-6f) {
+                fail_msg("token %d -> %d: %.9g vs %.9g", t, perm[t], (double)out[t * E + e],
+                         (double)out2[perm[t] * E + e]);
+            }
+        }
+    }
+}
+
+static void attention_same_call_twice_is_bit_identical(void **state)
+{
+    (void)state;
+    small s;
+    small_alloc(&s, 2, 4, 33, 70, 16, 12, 41);
+    float bias[33 * 70];
+    tc_rng r;
+    tc_rng_seed(&r, 3);
+    for (int e = 0; e < 33 * 70; ++e) {
+        bias[e] = tc_rng_chance(&r, 0.1) ? -INFINITY : (float)tc_rng_uniform(&r, -1, 1);
+    }
+    int64_t bs[2] = {33, 70};
+    sdpa_tensor tb;
+    assert_int_equal(sdpa_tensor_init(&tb, bias, 2, bs), SDPA_OK);
+    sdpa_options opt;
+    sdpa_options_init(&opt);
+    opt.causal = 1;
+    opt.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    opt.bias = &tb;
+    opt.softcap = 2.0f;
+    opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+    assert_int_equal(small_run(&s, &opt), SDPA_OK);
+    snap a;
+    snap_take(&a, &s);
+    assert_int_equal(small_run(&s, &opt), SDPA_OK);
+    assert_true(snap_equal(&a, &s));
+    /* thread count never changes results */
+    for (int32_t th = 1; th <= 4; th += 3) {
+        opt.num_threads = th;
+        assert_int_equal(small_run(&s, &opt), SDPA_OK);
+        assert_true(snap_equal(&a, &s));
+    }
+    /* a caller workspace never changes results */
+    size_t bytes = 0;
+    opt.num_threads = 0;
+    assert_int_equal(sdpa_attention_workspace_size(&s.tq, &s.tk, &s.tv, &opt, 1, &bytes), SDPA_OK);
+    void *ws = malloc(bytes ? bytes : 1);
+    assert_non_null(ws);
+    opt.workspace = ws;
+    opt.workspace_bytes = bytes;
+    assert_int_equal(small_run(&s, &opt), SDPA_OK);
+    assert_true(snap_equal(&a, &s));
+    free(ws);
+    snap_free(&a);
+    small_free(&s);
+}
+
+/* NaN/Inf at places no allowed pair reads must change nothing and raise no error. */
+static void attention_nonfinite_in_masked_values_changes_nothing(void **state)
+{
+    (void)state;
+    const int64_t L = 5, S = 8, E = 4, Ev = 3;
+    small s;
+    small_alloc(&s, 2, 2, L, S, E, Ev, 51);
+    int64_t kl[2] = {6, 8};
+    int64_t ql[2] = {5, 4};
+    uint8_t mask[8] = {1, 1, 0, 1, 1, 1, 1, 1}; /* key 2 blocked for everyone */
+    int64_t ms[1] = {8};
+    sdpa_allow_mask m = tc_mask_view(mask, 1, ms);
+    float bias[5 * 8];
+    for (int e = 0; e < 5 * 8; ++e) {
+        bias[e] = 0.25f * (float)(e % 7) - 0.5f;
+    }
+    int64_t bs[2] = {5, 8};
+    sdpa_tensor tb;
+    assert_int_equal(sdpa_tensor_init(&tb, bias, 2, bs), SDPA_OK);
+
+    sdpa_options opt;
+    sdpa_options_init(&opt);
+    opt.key_lengths = kl;
+    opt.query_lengths = ql;
+    opt.allow_mask = &m;
+    opt.bias = &tb;
+    opt.causal = 1; /* top-left with L < S: keys 5..7 are never attended by any row */
+    assert_int_equal(small_run(&s, &opt), SDPA_OK);
+    snap clean;
+    snap_take(&clean, &s);
+
+    const float poison[3] = {NAN, INFINITY, -INFINITY};
+    for (int pv = 0; pv < 3; ++pv) {
+        float *kb = malloc(sizeof(float) * (size_t)(4 * S * E));
+        float *vb = malloc(sizeof(float) * (size_t)(4 * S * Ev));
+        float *qb = malloc(sizeof(float) * (size_t)(4 * L * E));
+        assert_true(kb && vb && qb);
+        memcpy(kb, s.k, sizeof(float) * (size_t)(4 * S * E));
+        memcpy(vb, s.v, sizeof(float) * (size_t)(4 * S * Ev));
+        memcpy(qb, s.q, sizeof(float) * (size_t)(4 * L * E));
+        float biasb[5 * 8];
+        memcpy(biasb, bias, sizeof bias);
+        for (int64_t h = 0; h < 2; ++h) {
+            /* batch 0: key 6, 7 beyond key_lengths; key 2 blocked by the mask; key 5 beyond
+             * every causal position */
+            const int64_t keys[4] = {2, 5, 6, 7};
+            for (int t = 0; t < 4; ++t) {
+                s.k[((0 * 2 + h) * S + keys[t]) * E + (t % E)] = poison[pv];
+                s.v[((0 * 2 + h) * S + keys[t]) * Ev + (t % Ev)] = poison[pv];
+            }
+            /* batch 1: query row 4 is padding (query_lengths 4) */
+            s.q[((1 * 2 + h) * L + 4) * E + 1] = poison[pv];
+        }
+        /* bias entries at blocked pairs: key 2 (mask), (i=0, j=3) causal-blocked */
+        bias[0 * 8 + 2] = poison[pv];
+        bias[0 * 8 + 3] = poison[pv];
+        bias[4 * 8 + 7] = poison[pv];
+        sdpa_status st = small_run(&s, &opt);
+        if (st != SDPA_OK) {
+            fail_msg("poison %g in masked values: %s (%s)", (double)poison[pv], sdpa_status_string(st),
+                     sdpa_last_error_message());
+        }
+        if (!snap_equal(&clean, &s)) {
+            fail_msg("poison %g in masked values changed the result", (double)poison[pv]);
+        }
+        memcpy(s.k, kb, sizeof(float) * (size_t)(4 * S * E));
+        memcpy(s.v, vb, sizeof(float) * (size_t)(4 * S * Ev));
+        memcpy(s.q, qb, sizeof(float) * (size_t)(4 * L * E));
+        memcpy(bias, biasb, sizeof bias);
+        free(kb);
+        free(vb);
+        free(qb);
+    }
+    /* sanity: poison in an attended key IS reported */
+    s.k[(0 * S + 0) * E] = NAN;
+    assert_int_equal(small_run(&s, &opt), SDPA_ERR_NON_FINITE);
+    snap_free(&clean);
+    small_free(&s);
+}
+
+static void attention_bshd_and_bhsd_layouts_are_bit_identical(void **state)
+{
+    (void)state;
+    enum { B = 2, H = 3, L = 9, S = 11, D = 8 };
+    tc_rng r;
+    tc_rng_seed(&r, 61);
+    /* BHSD contiguous buffers and the same values stored as BSHD */
+    static float qh[B * H * L * D], kh[B * H * S * D], vh[B * H * S * D];
+    static float qs[B * L * H * D], ks[B * S * H * D], vs[B * S * H * D];
+    static float o1[B * H * L * D], o2[B * L * H * D];
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+            for (int t = 0; t < S; ++t)
+                for (int d = 0; d < D; ++d) {
+                    float a = (float)tc_rng_uniform(&r, -1, 1), c = (float)tc_rng_uniform(&r, -1, 1);
+                    float e = (float)tc_rng_uniform(&r, -1, 1);
+                    if (t < L) {
+                        qh[((b * H + h) * L + t) * D + d] = a;
+                        qs[((b * L + t) * H + h) * D + d] = a;
+                    }
+                    kh[((b * H + h) * S + t) * D + d] = c;
+                    ks[((b * S + t) * H + h) * D + d] = c;
+                    vh[((b * H + h) * S + t) * D + d] = e;
+                    vs[((b * S + t) * H + h) * D + d] = e;
+                }
+    sdpa_tensor tq = tc_view4(qh, B, H, L, D), tk = tc_view4(kh, B, H, S, D);
+    sdpa_tensor tv = tc_view4(vh, B, H, S, D), to = tc_view4(o1, B, H, L, D);
+    /* BSHD views: logical [B, H, T, D] with strides [T*H*D, D, H*D, 1] */
+    sdpa_tensor sq = tq, sk = tk, sv = tv, so = to;
+    sq.data = qs, sk.data = ks, sv.data = vs, so.data = o2;
+    sq.strides[0] = L * H * D, sq.strides[1] = D, sq.strides[2] = H * D;
+    sk.strides[0] = S * H * D, sk.strides[1] = D, sk.strides[2] = H * D;
+    sv.strides[0] = S * H * D, sv.strides[1] = D, sv.strides[2] = H * D;
+    so.strides[0] = L * H * D, so.strides[1] = D, so.strides[2] = H * D;
+    sdpa_options opt;
+    sdpa_options_init(&opt);
+    opt.causal = 1;
+    opt.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, &opt, &to, NULL, NULL), SDPA_OK);
+    assert_int_equal(sdpa_attention(&sq, &sk, &sv, &opt, &so, NULL, NULL), SDPA_OK);
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+            for (int t = 0; t < L; ++t)
+                for (int d = 0; d < D; ++d) {
+                    float x = o1[((b * H + h) * L + t) * D + d], y = o2[((b * L + t) * H + h) * D + d];
+                    if (memcmp(&x, &y, sizeof x) != 0) {
+                        fail_msg("BHSD vs BSHD differ at b=%d h=%d t=%d d=%d: %.9g vs %.9g", b, h, t,
+                                 d, (double)x, (double)y);
+                    }
+                }
+}
+
+static void attention_stride0_broadcast_equals_materialised_copy(void **state)
+{
+    (void)state;
+    /* k and v shared across batches and heads through stride 0, vs copied out. */
+    enum { B = 3, H = 2, L = 4, S = 6, E = 5 };
+    float q[B * H * L * E], k1[S * E], v1[S * E], kf[B * H * S * E], vf[B * H * S * E];
+    float o1[B * H * L * E], o2[B * H * L * E];
+    tc_rng r;
+    tc_rng_seed(&r, 71);
+    for (int e = 0; e < B * H * L * E; ++e) q[e] = (float)tc_rng_uniform(&r, -1, 1);
+    for (int e = 0; e < S * E; ++e) {
+        k1[e] = (float)tc_rng_uniform(&r, -1, 1);
+        v1[e] = (float)tc_rng_uniform(&r, -1, 1);
+    }
+    for (int bh = 0; bh < B * H; ++bh) {
+        memcpy(&kf[bh * S * E], k1, sizeof k1);
+        memcpy(&vf[bh * S * E], v1, sizeof v1);
+    }
+    sdpa_tensor tq = tc_view4(q, B, H, L, E);
+    sdpa_tensor tk = tc_view4(k1, B, H, S, E), tv = tc_view4(v1, B, H, S, E);
+    tk.strides[0] = tk.strides[1] = 0;
+    tv.strides[0] = tv.strides[1] = 0;
+    sdpa_tensor fk = tc_view4(kf, B, H, S, E), fv = tc_view4(vf, B, H, S, E);
+    sdpa_tensor to1 = tc_view4(o1, B, H, L, E), to2 = tc_view4(o2, B, H, L, E);
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, NULL, &to1, NULL, NULL), SDPA_OK);
+    assert_int_equal(sdpa_attention(&tq, &fk, &fv, NULL, &to2, NULL, NULL), SDPA_OK);
+    for (int e = 0; e < B * H * L * E; ++e) {
+        assert_float_equal(o1[e], o2[e], 1e-6);
+    }
+}
+
+static void attention_empty_keys_zero_policy_writes_zero_rows(void **state)
+{
+    (void)state;
+    /* S = 0: every row is empty; ZERO writes zeros and lse = -inf; ERROR fails. */
+    float q[2 * 3] = {1, 2, 3, 4, 5, 6};
+    float out[2 * 2], lse[2];
+    sdpa_tensor tq = tc_view3(q, 1, 2, 3), tk = tc_view3(q, 1, 0, 3), tv = tc_view3(q, 1, 0, 2);
+    tk.data = NULL; /* an empty view may have a NULL data pointer */
+    tv.data = NULL;
+    sdpa_tensor to = tc_view3(out, 1, 2, 2), tl;
+    int64_t ls[2] = {1, 2};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 2, ls), SDPA_OK);
+    tc_fill_canary(out, sizeof out);
+    tc_fill_canary(lse, sizeof lse);
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, NULL, &to, NULL, &tl), SDPA_ERR_EMPTY_ROW);
+    assert_true(tc_is_canary(out, sizeof out) && tc_is_canary(lse, sizeof lse));
+    sdpa_options opt;
+    sdpa_options_init(&opt);
+    opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, &opt, &to, NULL, &tl), SDPA_OK);
+    for (int e = 0; e < 4; ++e) {
+        assert_true(out[e] == 0.0f);
+    }
+    assert_true(isinf(lse[0]) && lse[0] < 0 && isinf(lse[1]) && lse[1] < 0);
+}
+
+static void attention_query_padding_rows_are_exact_zeros(void **state)
+{
+    (void)state;
+    small s;
+    small_alloc(&s, 2, 1, 4, 5, 3, 3, 81);
+    int64_t ql[2] = {2, 0};
+    sdpa_options opt;
+    sdpa_options_init(&opt);
+    opt.query_lengths = ql;
+    for (int stage = 0; stage < 4; ++stage) {
+        opt.weights_stage = stage;
+        assert_int_equal(small_run(&s, &opt), SDPA_OK);
+        for (int64_t b = 0; b < 2; ++b) {
+            for (int64_t i = 0; i < 4; ++i) {
+                const int64_t row = b * 4 + i;
+                const int pad = i >= ql[b];
+                for (int e = 0; e < 3; ++e) {
+                    if (pad) {
+                        assert_true(s.out[row * 3 + e] == 0.0f);
+                    } else {
+                        assert_true(s.out[row * 3 + e] != 0.0f);
+                    }
+                }
+                for (int j = 0; j < 5; ++j) {
+                    if (pad) {
+                        assert_true(s.w[row * 5 + j] == 0.0f);
+                    }
+                }
+                if (pad) {
+                    assert_true(isinf(s.lse[row]) && s.lse[row] < 0);
+                } else {
+                    assert_true(isfinite(s.lse[row]));
+                }
+            }
+        }
+    }
+    small_free(&s);
+}
+
+static void attention_zero_length_query_and_batch_succeed(void **state)
+{
+    (void)state;
+    float k[6] = {1, 2, 3, 4, 5, 6}, v[6] = {1, 2, 3, 4, 5, 6};
+    sdpa_tensor tq = tc_view4(k, 1, 1, 0, 2), tk = tc_view4(k, 1, 1, 3, 2);
+    sdpa_tensor tv = tc_view4(v, 1, 1, 3, 2), to = tc_view4(k, 1, 1, 0, 2);
+    tq.data = NULL; /* empty views may have NULL data */
+    to.data = NULL;
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, NULL, &to, NULL, NULL), SDPA_OK);
+    sdpa_tensor bq = tc_view4(k, 0, 1, 2, 2), bk = tc_view4(k, 0, 1, 3, 2);
+    sdpa_tensor bv = tc_view4(k, 0, 1, 3, 2), bo = tc_view4(k, 0, 1, 2, 2);
+    bq.data = bk.data = bv.data = bo.data = NULL;
+    assert_int_equal(sdpa_attention(&bq, &bk, &bv, NULL, &bo, NULL, NULL), SDPA_OK);
+}
+
+static void attention_gqa_matches_repeated_kv_heads(void **state)
+{
+    (void)state;
+    enum { B = 1, HQ = 6, HKV = 2, L = 5, S = 7, E = 4 };
+    float q[B * HQ * L * E], k[HKV * S * E], v[HKV * S * E], kr[HQ * S * E], vr[HQ * S * E];
+    float o1[HQ * L * E], o2[HQ * L * E];
+    tc_rng r;
+    tc_rng_seed(&r, 91);
+    for (int e = 0; e < HQ * L * E; ++e) q[e] = (float)tc_rng_uniform(&r, -1, 1);
+    for (int e = 0; e < HKV * S * E; ++e) {
+        k[e] = (float)tc_rng_uniform(&r, -1, 1);
+        v[e] = (float)tc_rng_uniform(&r, -1, 1);
+    }
+    /* contiguous groups: query head h reads kv head h / 3 */
+    for (int h = 0; h < HQ; ++h) {
+        memcpy(&kr[h * S * E], &k[(h / 3) * S * E], S * E * sizeof(float));
+        memcpy(&vr[h * S * E], &v[(h / 3) * S * E], S * E * sizeof(float));
+    }
+    sdpa_tensor tq = tc_view4(q, B, HQ, L, E);
+    sdpa_tensor tk = tc_view4(k, B, HKV, S, E), tv = tc_view4(v, B, HKV, S, E);
+    sdpa_tensor rk = tc_view4(kr, B, HQ, S, E), rv = tc_view4(vr, B, HQ, S, E);
+    sdpa_tensor to1 = tc_view4(o1, B, HQ, L, E), to2 = tc_view4(o2, B, HQ, L, E);
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, NULL, &to1, NULL, NULL), SDPA_OK);
+    assert_int_equal(sdpa_attention(&tq, &rk, &rv, NULL, &to2, NULL, NULL), SDPA_OK);
+    for (int e = 0; e < HQ * L * E; ++e) {
+        assert_float_equal(o1[e], o2[e], 1e-6);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(attention_golden_causal_3x3_matches_averages),
+        cmocka_unit_test(attention_golden_rank3_matches_rank4),
+        cmocka_unit_test(attention_reference_golden_causal_matches_averages),
+        cmocka_unit_test(attention_random_configs_match_reference),
+        cmocka_unit_test(attention_random_large_configs_match_reference),
+        cmocka_unit_test(attention_weights_rows_sum_to_one),
+        cmocka_unit_test(attention_causal_future_token_changes_no_earlier_row),
+        cmocka_unit_test(attention_key_permutation_leaves_output_unchanged),
+        cmocka_unit_test(attention_token_permutation_permutes_outputs),
+        cmocka_unit_test(attention_same_call_twice_is_bit_identical),
+        cmocka_unit_test(attention_nonfinite_in_masked_values_changes_nothing),
+        cmocka_unit_test(attention_bshd_and_bhsd_layouts_are_bit_identical),
+        cmocka_unit_test(attention_stride0_broadcast_equals_materialised_copy),
+        cmocka_unit_test(attention_empty_keys_zero_policy_writes_zero_rows),
+        cmocka_unit_test(attention_query_padding_rows_are_exact_zeros),
+        cmocka_unit_test(attention_zero_length_query_and_batch_succeed),
+        cmocka_unit_test(attention_gqa_matches_repeated_kv_heads),
+    };
+    return cmocka_run_group_tests_name("attention", tests, NULL, NULL);
+}

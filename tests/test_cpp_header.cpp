@@ -1,0 +1,39 @@
+// The public header compiles as C++11 and its functions link from C++ (extern "C").
+#include <sdpa.h>
+
+#include <cstdio>
+#include <cstring>
+
+int main()
+{
+    sdpa_options options;
+    std::memset(&options, 0xAB, sizeof options);
+    sdpa_options_init(&options);
+    int failures = 0;
+    if (options.struct_size != sizeof(sdpa_options)) {
+        std::fprintf(stderr, "struct_size %zu != %zu\n", options.struct_size, sizeof(sdpa_options));
+        ++failures;
+    }
+    if (options.scale != 0.0f || options.causal != 0 || options.window_left != -1 ||
+        options.window_right != -1 || options.check_finite != 1 || options.allow_mask != nullptr ||
+        options.dropout_p != 0.0f || options.workspace != nullptr) {
+        std::fprintf(stderr, "sdpa_options_init did not set the documented defaults\n");
+        ++failures;
+    }
+    if (sdpa_version() != SDPA_VERSION_NUMBER) {
+        std::fprintf(stderr, "sdpa_version() %u != %u\n", sdpa_version(),
+                     static_cast<unsigned>(SDPA_VERSION_NUMBER));
+        ++failures;
+    }
+    if (std::strcmp(sdpa_version_string(), SDPA_VERSION_STRING) != 0) {
+        std::fprintf(stderr, "sdpa_version_string() \"%s\"\n", sdpa_version_string());
+        ++failures;
+    }
+    const char *name = sdpa_status_string(SDPA_ERR_SHAPE);
+    if (name == nullptr || std::strcmp(name, "SDPA_ERR_SHAPE") != 0) {
+        std::fprintf(stderr, "sdpa_status_string(SDPA_ERR_SHAPE) wrong\n");
+        ++failures;
+    }
+    std::printf("%s\n", failures ? "FAIL" : "OK");
+    return failures ? 1 : 0;
+}
