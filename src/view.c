@@ -164,28 +164,33 @@ sdpa_status sdpa__broadcast4(const char *fn, const char *name, int32_t rank, con
     return SDPA_OK;
 }
 
+/* Row-major strides for `shape` (elements of `elem` bytes), checked for overflow. */
+static sdpa_status contiguous_strides(const char *fn, const char *name, int32_t rank, int32_t max_rank,
+                                      const int64_t *shape, size_t elem, int64_t *strides) {
+    if (shape == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: shape is NULL", fn);
+    if (rank < 1 || rank > max_rank)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: rank=%d, expected 1..%d", fn, (int)rank, (int)max_rank);
+    int64_t acc = 1;
+    for (int32_t d = rank - 1; d >= 0; --d) {
+        if (shape[d] < 0)
+            return sdpa__fail(SDPA_ERR_SHAPE, "%s: shape[%d]=%lld is negative", fn, (int)d, (long long)shape[d]);
+        strides[d] = acc;
+        if (sdpa__mul_overflow(acc, shape[d] > 0 ? shape[d] : 1, &acc))
+            return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the shape has more elements than int64_t holds", fn);
+    }
+    return sdpa__check_geometry(fn, name, rank, shape, strides, elem);
+}
+
 SDPA_API sdpa_status sdpa_tensor_init(sdpa_tensor *view, float *data, int32_t rank, const int64_t *shape) {
     static const char fn[] = "sdpa_tensor_init";
+    int64_t strides[SDPA_MAX_RANK];
     sdpa__clear_error();
     if (view == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: view is NULL", fn);
     memset(view, 0, sizeof *view);
     view->dtype = SDPA_DTYPE_F32;
-    if (shape == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: shape is NULL", fn);
-    if (rank < 1 || rank > SDPA_MAX_RANK)
-        return sdpa__fail(SDPA_ERR_RANK, "%s: rank=%d, expected 1..%d", fn, (int)rank, SDPA_MAX_RANK);
-    int64_t strides[SDPA_MAX_RANK];
-    int64_t acc = 1;
-    for (int32_t d = rank - 1; d >= 0; --d) {
-        if (shape[d] < 0)
-            return sdpa__fail(SDPA_ERR_SHAPE, "%s: shape[%d]=%lld is negative", fn, (int)d,
-                              (long long)shape[d]);
-        strides[d] = acc;
-        if (sdpa__mul_overflow(acc, shape[d] > 0 ? shape[d] : 1, &acc))
-            return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the shape has more elements than int64_t holds", fn);
-    }
-    sdpa_status st = sdpa__check_geometry(fn, "view", rank, shape, strides, sizeof(float));
+    sdpa_status st = contiguous_strides(fn, "view", rank, SDPA_MAX_RANK, shape, sizeof(float), strides);
     if (st != SDPA_OK)
         return st;
     view->data = data;
@@ -211,25 +216,12 @@ SDPA_API sdpa_status sdpa_tensor_init_3d(sdpa_tensor *view, float *data, int64_t
 SDPA_API sdpa_status sdpa_allow_mask_init(sdpa_allow_mask *mask, const uint8_t *data, int32_t rank,
                                           const int64_t *shape) {
     static const char fn[] = "sdpa_allow_mask_init";
+    int64_t strides[SDPA_MASK_MAX_RANK];
     sdpa__clear_error();
     if (mask == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: mask is NULL", fn);
     memset(mask, 0, sizeof *mask);
-    if (shape == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: shape is NULL", fn);
-    if (rank < 1 || rank > SDPA_MASK_MAX_RANK)
-        return sdpa__fail(SDPA_ERR_RANK, "%s: rank=%d, expected 1..%d", fn, (int)rank, SDPA_MASK_MAX_RANK);
-    int64_t strides[SDPA_MASK_MAX_RANK];
-    int64_t acc = 1;
-    for (int32_t d = rank - 1; d >= 0; --d) {
-        if (shape[d] < 0)
-            return sdpa__fail(SDPA_ERR_SHAPE, "%s: shape[%d]=%lld is negative", fn, (int)d,
-                              (long long)shape[d]);
-        strides[d] = acc;
-        if (sdpa__mul_overflow(acc, shape[d] > 0 ? shape[d] : 1, &acc))
-            return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the shape has more elements than int64_t holds", fn);
-    }
-    sdpa_status st = sdpa__check_geometry(fn, "mask", rank, shape, strides, 1);
+    sdpa_status st = contiguous_strides(fn, "mask", rank, SDPA_MASK_MAX_RANK, shape, 1, strides);
     if (st != SDPA_OK)
         return st;
     mask->data = data;
