@@ -167,7 +167,7 @@ typedef struct sdpa_tensor {
 /**
  * Fill *view as a contiguous row-major (C-order) float32 view of `data` with the given shape.
  * @param view  [out] the view; fully overwritten (also on failure, then as an empty view).
- * @param data  buffer of prod(shape) floats; not retained beyond the view.
+ * @param data  buffer of prod(shape) floats, not retained; may be NULL only if prod(shape) == 0.
  * @param rank  1..SDPA_MAX_RANK.   @param shape [rank] sizes >= 0.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK, SDPA_ERR_SHAPE (negative size),
  *         SDPA_ERR_SIZE_OVERFLOW.
@@ -206,7 +206,8 @@ typedef struct sdpa_allow_mask {
 } sdpa_allow_mask;
 
 /**
- * Fill *mask as a contiguous row-major view of `data` with the given shape.
+ * Fill *mask as a contiguous row-major view of `data` with the given shape (data may be NULL
+ * only if the mask has no element).
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK (not 1..4), SDPA_ERR_SHAPE (negative),
  *         SDPA_ERR_SIZE_OVERFLOW.
  */
@@ -232,15 +233,17 @@ typedef enum sdpa_alignment {
 typedef enum sdpa_empty_rows {
     /** Fail with SDPA_ERR_EMPTY_ROW before writing anything, naming the first such row. */
     SDPA_EMPTY_ROWS_ERROR = 0,
-    /** Write a zero output row, zero weights and lse = -inf (PyTorch >= 2.5, FlashAttention,
-     *  ONNX Attention errata #8068). */
+    /** Write a zero output row, lse = -inf and zero probabilities (PyTorch >= 2.5,
+     *  FlashAttention, ONNX Attention errata #8068); score stages of `weights` keep their
+     *  scores (SDPA_WEIGHTS_MASKED: all -inf). */
     SDPA_EMPTY_ROWS_ZERO = 1,
     SDPA_EMPTY_ROWS_FORCE_INT32_ = 0x7FFFFFFF
 } sdpa_empty_rows;
 
-/** What the optional `weights` output holds. ONNX qk_matmul_output_mode in brackets. */
+/** What the optional `weights` output holds. ONNX qk_matmul_output_mode in brackets: the
+ *  numbers differ from these enum values, so map them (do not pass the mode through). */
 typedef enum sdpa_weights_stage {
-    SDPA_WEIGHTS_PROBABILITIES = 0, /**< softmax probabilities, 0 where blocked (mode 3); default */
+    SDPA_WEIGHTS_PROBABILITIES = 0, /**< softmax probabilities, 0 where blocked and in empty rows (mode 3); default */
     SDPA_WEIGHTS_SCORES = 1,        /**< scale * Q K^T for every pair (mode 0) */
     SDPA_WEIGHTS_SOFTCAPPED = 2,    /**< after softcap, before bias (mode 1) */
     SDPA_WEIGHTS_MASKED = 3,        /**< after softcap + bias, -inf wherever blocked (mode 2) */
@@ -249,6 +252,8 @@ typedef enum sdpa_weights_stage {
 
 /**
  * Options of sdpa_attention(). Initialise with sdpa_options_init(), then set fields.
+ * Every default is the zero value, so a zero-filled struct with struct_size set
+ * (`sdpa_options o = {sizeof o};`) also means "the defaults".
  * The library reads only the first struct_size bytes; fields are only ever appended.
  * Pointers are borrowed for the duration of the call.
  */
@@ -266,12 +271,17 @@ typedef struct sdpa_options {
     int32_t causal;
     /** sdpa_alignment of query rows for the causal and window rules. Default TOP_LEFT. */
     int32_t alignment;
-    /** [B] per-batch offsets for SDPA_ALIGN_OFFSETS; otherwise ignored (may be NULL). */
+    /** [B] per-batch offsets for SDPA_ALIGN_OFFSETS, each in [-2^61, 2^61]; otherwise ignored
+     *  (may be NULL). */
     const int64_t *query_offsets;
 
-    /** Sliding window, inclusive counts of other keys, -1 = unbounded (default both -1):
-     *  key j allowed only if p - window_left <= j <= p + window_right.
-     *  A Hugging Face sliding_window=W is (W-1, 0). Values < -1 are rejected. */
+    /** 0 (default) = no window; 1 = apply the sliding window below. */
+    int32_t sliding_window;
+    /** sdpa_empty_rows policy. Default SDPA_EMPTY_ROWS_ERROR. */
+    int32_t empty_rows;
+    /** With sliding_window = 1: inclusive counts of other keys, -1 = unbounded on that side:
+     *  key j allowed only if p - window_left <= j <= p + window_right. A Hugging Face
+     *  sliding_window=W (with causal) is (W-1, 0). Values < -1 are rejected. */
     int64_t window_left;
     int64_t window_right;
 
@@ -283,30 +293,26 @@ typedef struct sdpa_options {
 
     /** [B] key lengths (nullable): key j allowed only if j < key_lengths[b]; each in [0, S]. */
     const int64_t *key_lengths;
-    /** [B] query lengths (nullable): rows i >= query_lengths[b] are padding; their output,
-     *  weights and lse are written as 0, 0 and -inf; each in [0, L]. */
+    /** [B] query lengths (nullable): rows i >= query_lengths[b] are padding (right padding);
+     *  their output, weights and lse are written as 0, 0 and -inf; each in [0, L]. */
     const int64_t *query_lengths;
 
-    /** sdpa_empty_rows policy. Default SDPA_EMPTY_ROWS_ERROR. */
-    int32_t empty_rows;
     /** sdpa_weights_stage selecting what `weights` holds. Default probabilities. */
     int32_t weights_stage;
+    /** 0 (default) = fail with SDPA_ERR_NON_FINITE on NaN/Inf in any value that enters out or
+     *  lse (q rows that have an allowed key, K/V rows some query may attend, allowed bias
+     *  entries); 1 = skip that scan. */
+    int32_t skip_finite_check;
 
     /** Dropout probability in [0, 1). Must be 0 in 0.1 (SDPA_ERR_UNSUPPORTED otherwise);
      *  counter-based dropout arrives in 0.2. */
     float dropout_p;
-    /** 1 (default) = fail with SDPA_ERR_NON_FINITE on NaN/Inf in any value the call reads
-     *  (non-padding q rows, K/V rows some query may attend, allowed bias entries);
-     *  0 = skip the check. */
-    int32_t check_finite;
+    /** Threads: 0 (default) = number of online CPUs; >= 1 = at most that many.
+     *  0.1 computes on the calling thread; results never depend on this value. */
+    int32_t num_threads;
     /** Dropout RNG key and counter offset (used from 0.2). */
     uint64_t dropout_seed;
     uint64_t dropout_offset;
-
-    /** Threads: 0 (default) = number of online CPUs; >= 1 = exactly that many at most.
-     *  0.1 computes on the calling thread; results never depend on this value. */
-    int32_t num_threads;
-    int32_t reserved0;      /**< must be 0 */
 
     /** Caller workspace (nullable): at least sdpa_attention_workspace_size() bytes, any
      *  alignment. NULL = the library allocates what it needs and frees it before returning. */
@@ -316,7 +322,7 @@ typedef struct sdpa_options {
 
 /**
  * Fill the first `struct_size` bytes of *options with the defaults documented on each field
- * and set options->struct_size = struct_size. Writes exactly struct_size bytes, so a caller
+ * (all zero, window sides -1) and set options->struct_size = struct_size. Writes exactly struct_size bytes, so a caller
  * compiled against an older (smaller) sdpa_options is safe with a newer library; bytes the
  * library does not know are zeroed. Does nothing if options is NULL or struct_size is smaller
  * than sizeof(size_t). For ctypes: pass ctypes.sizeof(your Structure).
@@ -349,15 +355,24 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * For each row (b, h, i) and key j:
  *   s = scale * <q_i, k_j>; softcap; s += bias; the key is allowed iff the allow-mask, the
  *   causal rule, key_lengths, the window and bias != -inf all allow it. Softmax runs over
- *   allowed keys only (blocked K/V/bias values are never read into arithmetic: NaN there
- *   cannot leak). out_i = sum_j w_ij v_j; lse_i = ln sum_j exp(s_ij) (natural log).
+ *   allowed keys only (blocked K/V/bias values never enter out or lse: NaN there cannot
+ *   leak). out_i = sum_j w_ij v_j; lse_i = ln sum_j exp(s_ij) (natural log).
+ *   Causal and window positions: p = i (TOP_LEFT), i + S_b - L_b (BOTTOM_RIGHT, with
+ *   S_b = key_lengths[b] or S and L_b = query_lengths[b] or L, so the last valid query of each
+ *   sequence sees every valid key, as FlashAttention varlen), or i + query_offsets[b].
+ *   The weights stages SCORES and SOFTCAPPED hold the score of every pair, blocked ones
+ *   included (ONNX qk_matmul_output modes 0 and 1): only for them are blocked K rows read,
+ *   and they are not covered by the finite check.
+ *   Scores that overflow float32 (finite inputs, |scale q.k| > 3.4e38) are recomputed for that
+ *   row in double precision, so finite inputs never give NaN in out.
  *
  * Validation runs completely before any output byte is written; on failure every output
  * is untouched and sdpa_last_error_message() names the argument, axis and values.
  *
  * @param q,k,v   [in] float32 views as above.
  * @param options [in] nullable (= defaults); see sdpa_options.
- * @param out     [out] float32 [B, Hq, L, Ev]; must not overlap any input or output.
+ * @param out     [out] float32 [B, Hq, L, Ev]; its address range must not overlap the address
+ *                range of any input or other output (checked conservatively on ranges).
  * @param weights [out] nullable; float32 [B, Hq, L, S]; content per options->weights_stage.
  * @param lse     [out] nullable; float32 [B, Hq, L]; -inf for empty and padded rows.
  * @retval SDPA_OK
@@ -373,10 +388,10 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @retval SDPA_ERR_DTYPE          a view that is not float32
  * @retval SDPA_ERR_INVALID_ARGUMENT scale/softcap NaN, Inf or negative; window < -1; a key or
  *                                 query length outside [0, S] / [0, L]; unknown enum value;
- *                                 reserved field not 0
+ *                                 flag not 0/1; reserved field or entry beyond rank not 0
  * @retval SDPA_ERR_UNSUPPORTED    dropout_p != 0 (0.1)
  * @retval SDPA_ERR_EMPTY_ROW      a non-padding row has no allowed key under policy ERROR
- * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value read, with check_finite on
+ * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value that enters out (unless skip_finite_check)
  * @retval SDPA_ERR_WORKSPACE_TOO_SMALL / SDPA_ERR_OUT_OF_MEMORY
  * Thread-safe: concurrent calls on different outputs are fine.
  */
@@ -454,7 +469,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_sliding_window(uint8_t *out, int64
  * @param cu_seqlens_q [num_seqs + 1], starting at 0, non-decreasing.
  * @param cu_seqlens_k [num_seqs + 1] or NULL (= cu_seqlens_q, self-attention).
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_INVALID_ARGUMENT (cu_seqlens not
- *         starting at 0 or decreasing, num_seqs < 0, alignment), SDPA_ERR_SIZE_OVERFLOW
+ *         starting at 0 or decreasing, num_seqs < 0, causal not 0/1, alignment),
+ *         SDPA_ERR_SIZE_OVERFLOW
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_block_diagonal(uint8_t *out, int64_t num_seqs,
                                                              const int64_t *cu_seqlens_q,
@@ -474,7 +490,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_prefix_lm(uint8_t *out, int64_t T,
 /**
  * Logical AND of two allow-masks with numpy broadcasting: out (contiguous, shape
  * out_shape[out_rank]) = (a != 0) & (b != 0), where a and b broadcast to out_shape.
- * `out` must not overlap a or b.
+ * `out` must not overlap a or b (SDPA_ERR_OVERLAP).
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
  *         SDPA_ERR_BROADCAST, SDPA_ERR_OVERLAP, SDPA_ERR_SIZE_OVERFLOW
  */
@@ -485,8 +501,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_and(const sdpa_allow_mask *a, cons
 /**
  * Convert an IGNORE mask (nonzero = do NOT attend: nn.MultiheadAttention key_padding_mask
  * and bool attn_mask, torch.triu(ones, 1)) of n elements into an allow-mask: out = (in == 0).
- * In-place (out == ignore) is allowed.
- * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0)
+ * In-place (out == ignore) is allowed; any other overlap is SDPA_ERR_OVERLAP.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0), SDPA_ERR_OVERLAP
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_from_ignore(const uint8_t *ignore, int64_t n,
                                                           uint8_t *out);
@@ -495,8 +511,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_from_ignore(const uint8_t *ignore,
  * Convert a KEEP int mask (1 = attend, 0 = masked: ONNX Runtime mask_index / HF
  * attention_mask) of n int32 elements into an allow-mask. Values other than 0 and 1 are
  * rejected (a sequence length passed by mistake is caught).
- * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0),
- *         SDPA_ERR_INVALID_ARGUMENT (value not 0/1; message names the index)
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0), SDPA_ERR_OVERLAP (keep and
+ *         out overlap), SDPA_ERR_INVALID_ARGUMENT (value not 0/1; message names the index)
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_from_keep_int(const int32_t *keep, int64_t n,
                                                             uint8_t *out);
@@ -508,7 +524,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_from_keep_int(const int32_t *keep,
  * is SDPA_ERR_INVALID_ARGUMENT (such a mask is a bias: pass it as options.bias).
  * With *threshold: v <= *threshold -> 0 (e.g. -1e4 or FLT_MIN-style masks), v > *threshold
  * -> 1; NaN is still rejected.
- * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0), SDPA_ERR_INVALID_ARGUMENT
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0), SDPA_ERR_OVERLAP,
+ *         SDPA_ERR_INVALID_ARGUMENT
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_from_additive(const float *additive, int64_t n,
                                                             const float *threshold, uint8_t *out);
@@ -516,7 +533,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_from_additive(const float *additiv
 /**
  * Convert an allow-mask of n elements into an additive float mask: nonzero -> 0.0f,
  * 0 -> -inf (what PyTorch/ONNX float masks mean).
- * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0)
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (n < 0), SDPA_ERR_OVERLAP
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_to_additive(const uint8_t *allow, int64_t n,
                                                           float *out);

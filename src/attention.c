@@ -25,7 +25,6 @@ SDPA_API void sdpa_options_init_sized(sdpa_options *options, size_t struct_size)
     d.window_right = -1;
     d.empty_rows = SDPA_EMPTY_ROWS_ERROR;
     d.weights_stage = SDPA_WEIGHTS_PROBABILITIES;
-    d.check_finite = 1;
     const size_t n = struct_size < sizeof d ? struct_size : sizeof d;
     memcpy(options, &d, n);
     if (struct_size > n)
@@ -212,8 +211,12 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
                           (int)o->weights_stage);
     if (o->num_threads < 0)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->num_threads=%d must be >= 0", FN, (int)o->num_threads);
-    if (o->reserved0 != 0)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->reserved0 must be 0", FN);
+    if (o->sliding_window != 0 && o->sliding_window != 1)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->sliding_window=%d must be 0 or 1", FN,
+                          (int)o->sliding_window);
+    if (o->skip_finite_check != 0 && o->skip_finite_check != 1)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->skip_finite_check=%d must be 0 or 1", FN,
+                          (int)o->skip_finite_check);
     if (!(o->dropout_p >= 0.0f && o->dropout_p < 1.0f))
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->dropout_p=%g must be in [0, 1)", FN,
                           (double)o->dropout_p);
@@ -235,22 +238,11 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
     const int64_t target[4] = {p->B, p->Hq, p->L, p->S};
     if (o->allow_mask != NULL) {
         const sdpa_allow_mask *m = o->allow_mask;
-        if (m->rank < 1 || m->rank > SDPA_MASK_MAX_RANK)
-            return sdpa__fail(SDPA_ERR_RANK, "%s: allow_mask.rank=%d, expected 1..4", FN, (int)m->rank);
-        if (m->reserved0 != 0)
-            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: allow_mask.reserved0 must be 0", FN);
-        for (int32_t d = m->rank; d < SDPA_MASK_MAX_RANK; ++d)
-            if (m->shape[d] != 0 || m->strides[d] != 0)
-                return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
-                                  "%s: allow_mask.shape[%d] and strides[%d] are beyond rank=%d and must be 0", FN, (int)d,
-                                  (int)d, (int)m->rank);
-        if ((st = sdpa__check_geometry(FN, "allow_mask", m->rank, m->shape, m->strides, 1)) != SDPA_OK) return st;
+        if ((st = sdpa__check_mask(FN, "allow_mask", m)) != SDPA_OK) return st;
         if ((st = sdpa__broadcast4(FN, "allow_mask", m->rank, m->shape, m->strides, target, p->mask.strides)) != SDPA_OK)
             return st;
         int64_t numel = 1;
         for (int32_t d = 0; d < m->rank; ++d) numel *= m->shape[d];
-        if (numel > 0 && m->data == NULL)
-            return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: allow_mask.data is NULL", FN);
         p->has_mask = numel > 0;
         p->mask.data = m->data;
     }
@@ -303,13 +295,14 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
     p->causal = o->causal;
     p->alignment = o->alignment;
     p->query_offsets = o->query_offsets;
-    p->window_left = o->window_left > SDPA__MAX_OFFSET ? -1 : o->window_left;
-    p->window_right = o->window_right > SDPA__MAX_OFFSET ? -1 : o->window_right;
+    /* Without sliding_window both sides are unbounded; windows beyond 2^61 are too. */
+    p->window_left = !o->sliding_window || o->window_left > SDPA__MAX_OFFSET ? -1 : o->window_left;
+    p->window_right = !o->sliding_window || o->window_right > SDPA__MAX_OFFSET ? -1 : o->window_right;
     p->key_lengths = o->key_lengths;
     p->query_lengths = o->query_lengths;
     p->empty_rows = o->empty_rows;
     p->weights_stage = o->weights_stage;
-    p->check_finite = o->check_finite != 0;
+    p->check_finite = o->skip_finite_check == 0;
     p->num_threads = o->num_threads;
     p->row_block = p->L < 64 ? (p->L > 0 ? p->L : 1) : 64;
     return SDPA_OK;
@@ -321,7 +314,7 @@ void sdpa__row_range(const sdpa__plan *p, int64_t b, int64_t i, int64_t *lo_out,
     if (p->causal || p->window_left >= 0 || p->window_right >= 0) {
         int64_t pos = i;
         if (p->alignment == SDPA_ALIGN_BOTTOM_RIGHT)
-            pos = i + Sb - p->L;
+            pos = i + Sb - (p->query_lengths ? p->query_lengths[b] : p->L);
         else if (p->alignment == SDPA_ALIGN_OFFSETS)
             pos = i + p->query_offsets[b];
         if (p->causal && pos + 1 < hi)

@@ -45,6 +45,8 @@ typedef struct sdpa__span {
  * reserved zero, span without overflow. `name` is used in messages. */
 sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char *name,
                                int32_t rank_min, int32_t rank_max);
+/* Check an allow-mask: rank 1..4, reserved and beyond-rank entries 0, geometry, data. */
+sdpa_status sdpa__check_mask(const char *fn, const char *name, const sdpa_allow_mask *m);
 /* Extra rules for outputs: strides > 0 on dims of size > 1 and no self-overlap. */
 sdpa_status sdpa__check_output_layout(const sdpa_tensor *t, const char *fn, const char *name);
 sdpa__span sdpa__tensor_span(const sdpa_tensor *t);

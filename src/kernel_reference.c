@@ -32,7 +32,7 @@ size_t sdpa__reference_workspace_bytes(const sdpa__plan *p) {
     sdpa__mat kt = kt_block(p, 0, 0, 0, p->S);
     size_t n = ALIGN_UP(S);                                        /* row flags (and check_values) */
     n = add_sat(n, ALIGN_UP(mul_sat(mul_sat(rb, S), sizeof(float)))); /* score tile */
-    n = add_sat(n, ALIGN_UP((size_t)p->Ev * sizeof(float)));           /* P.V accumulator */
+    n = add_sat(n, ALIGN_UP((size_t)p->Ev * sizeof(double)));          /* P.V accumulator */
     n = add_sat(n, mul_sat(add_sat(sdpa__matmul_pack_floats(&a), sdpa__matmul_pack_floats(&kt)), sizeof(float)));
     return n;
 }
@@ -48,14 +48,61 @@ static void write_weights_row(const sdpa__plan *p, float *w, const float *s, con
     }
 }
 
+/* Score of allowed pair (i, j) in double precision: scale, softcap, bias. */
+static double score_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const float *qr = p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2];
+    const float *kr = p->k.data + b * p->k.strides[0] + (h / p->group) * p->k.strides[1] + j * p->k.strides[2];
+    double d = 0.0;
+    for (int64_t e = 0; e < p->E; ++e)
+        d += (double)qr[e * p->q.strides[3]] * (double)kr[e * p->k.strides[3]];
+    d *= (double)p->scale;
+    if (p->softcap > 0.0f)
+        d = (double)p->softcap * tanh(d / (double)p->softcap);
+    if (p->has_bias)
+        d += (double)sdpa__bias_row(p, b, h, i)[j * p->bias.strides[3]];
+    return d;
+}
+
+/* One row whose float32 scores overflowed (|scale q.k| beyond FLT_MAX with finite inputs):
+ * softmax, P.V and lse in double from recomputed scores. Rare, so scores are recomputed
+ * per pass instead of stored. */
+static void row_in_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, const uint8_t *allowed,
+                          int64_t jlo, int64_t jhi, double *acc, float *orow, float *wrow, float *lrow) {
+    const float *vbase = p->v.data + b * p->v.strides[0] + (h / p->group) * p->v.strides[1];
+    double mx = -INFINITY, sum = 0.0;
+    for (int64_t j = jlo; j < jhi; ++j)
+        if (allowed[j - jlo]) {
+            const double x = score_double(p, b, h, i, j);
+            mx = x > mx ? x : mx;
+        }
+    memset(acc, 0, (size_t)p->Ev * sizeof(double));
+    for (int64_t j = jlo; j < jhi; ++j) {
+        if (!allowed[j - jlo])
+            continue;
+        const double e = exp(score_double(p, b, h, i, j) - mx);
+        const float *vrow = vbase + j * p->v.strides[2];
+        sum += e;
+        for (int64_t d = 0; d < p->Ev; ++d)
+            acc[d] += e * (double)vrow[d * p->v.strides[3]];
+    }
+    for (int64_t d = 0; d < p->Ev; ++d)
+        orow[d * p->out.strides[3]] = (float)(acc[d] / sum);
+    if (lrow)
+        *lrow = (float)(mx + log(sum));
+    if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
+        for (int64_t j = 0; j < p->S; ++j)
+            wrow[j * p->weights.strides[3]] =
+                j >= jlo && j < jhi && allowed[j - jlo] ? (float)(exp(score_double(p, b, h, i, j) - mx) / sum) : 0.0f;
+}
+
 sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_bytes) {
     (void)ws_bytes;
     unsigned char *ws = (unsigned char *)ws_raw;
     const size_t S = (size_t)p->S;
     uint8_t *allowed = ws;
     float *tile = (float *)(ws + ALIGN_UP(S));
-    float *acc = (float *)((unsigned char *)tile + ALIGN_UP((size_t)p->row_block * S * sizeof(float)));
-    float *pack = (float *)((unsigned char *)acc + ALIGN_UP((size_t)p->Ev * sizeof(float)));
+    double *acc = (double *)((unsigned char *)tile + ALIGN_UP((size_t)p->row_block * S * sizeof(float)));
+    float *pack = (float *)((unsigned char *)acc + ALIGN_UP((size_t)p->Ev * sizeof(double)));
     const bool score_stage = p->has_weights && p->weights_stage != SDPA_WEIGHTS_PROBABILITIES;
     const float c = p->softcap;
 
@@ -118,7 +165,7 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                         write_weights_row(p, wrow, s, allowed, jlo, jhi, 0.0f, false);
                     /* Allowed flags over [jlo, jhi); bias added where allowed only. */
                     const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
-                    bool any = false;
+                    bool any = false, overflow = false;
                     for (int64_t j = jlo; j < jhi; ++j) {
                         bool ok = j >= lo && j < hi && (!p->has_mask || sdpa__mask_allows(p, b, h, i, j));
                         if (ok && brow) {
@@ -130,6 +177,7 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                         }
                         allowed[j - jlo] = ok;
                         any = any || ok;
+                        overflow = overflow || (ok && !isfinite(s[j - jlo]));
                     }
                     if (wrow && p->weights_stage == SDPA_WEIGHTS_MASKED)
                         write_weights_row(p, wrow, s, allowed, jlo, jhi, -INFINITY, true);
@@ -143,10 +191,14 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                             *lrow = -INFINITY;
                         continue;
                     }
+                    if (overflow) { /* a float32 score overflowed: redo this row in double */
+                        row_in_double(p, b, h, i, allowed, jlo, jhi, acc, orow, wrow, lrow);
+                        continue;
+                    }
                     const float mx = sdpa__masked_max(s, allowed, n);
                     const double sum = sdpa__masked_exp_sum(s, allowed, n, mx);
                     const float inv = (float)(1.0 / sum);
-                    memset(acc, 0, (size_t)p->Ev * sizeof(float));
+                    memset(acc, 0, (size_t)p->Ev * sizeof(double));
                     for (int64_t j = jlo; j < jhi; ++j) {
                         if (!allowed[j - jlo])
                             continue;
@@ -154,13 +206,13 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                         const float *vrow = vbase + j * p->v.strides[2];
                         if (p->v.strides[3] == 1)
                             for (int64_t d = 0; d < p->Ev; ++d)
-                                acc[d] += e * vrow[d];
+                                acc[d] += (double)e * vrow[d];
                         else
                             for (int64_t d = 0; d < p->Ev; ++d)
-                                acc[d] += e * vrow[d * p->v.strides[3]];
+                                acc[d] += (double)e * vrow[d * p->v.strides[3]];
                     }
                     for (int64_t d = 0; d < p->Ev; ++d)
-                        orow[d * p->out.strides[3]] = acc[d] * inv;
+                        orow[d * p->out.strides[3]] = (float)(acc[d] * inv);
                     if (lrow)
                         *lrow = (float)((double)mx + log(sum));
                     if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES) {

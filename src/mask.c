@@ -110,6 +110,8 @@ SDPA_API sdpa_status sdpa_mask_block_diagonal(uint8_t *out, int64_t num_seqs, co
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: num_seqs=%lld must be >= 0", fn, (long long)num_seqs);
     if (cu_seqlens_q == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: cu_seqlens_q is NULL", fn);
+    if (causal != 0 && causal != 1)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: causal=%d must be 0 or 1", fn, (int)causal);
     const int64_t *cuk = cu_seqlens_k ? cu_seqlens_k : cu_seqlens_q;
     if ((st = check_cu(fn, "cu_seqlens_q", cu_seqlens_q, num_seqs)) != SDPA_OK) return st;
     if ((st = check_cu(fn, "cu_seqlens_k", cuk, num_seqs)) != SDPA_OK) return st;
@@ -165,10 +167,10 @@ SDPA_API sdpa_status sdpa_mask_and(const sdpa_allow_mask *a, const sdpa_allow_ma
     sdpa__span out_span = {(uintptr_t)out, (uintptr_t)out + (uintptr_t)numel};
     for (int x = 0; x < 2; ++x) {
         const sdpa_allow_mask *m = in[x];
-        if (m->rank < 1 || m->rank > out_rank)
-            return sdpa__fail(SDPA_ERR_RANK, "%s: %s.rank=%d, expected 1..out_rank=%d", fn, names[x], (int)m->rank,
+        if ((st = sdpa__check_mask(fn, names[x], m)) != SDPA_OK) return st;
+        if (m->rank > out_rank)
+            return sdpa__fail(SDPA_ERR_RANK, "%s: %s.rank=%d is larger than out_rank=%d", fn, names[x], (int)m->rank,
                               (int)out_rank);
-        if ((st = sdpa__check_geometry(fn, names[x], m->rank, m->shape, m->strides, 1)) != SDPA_OK) return st;
         for (int32_t r = 0; r < m->rank; ++r) {
             const int64_t want = shape4[4 - m->rank + r];
             if (m->shape[r] != want && m->shape[r] != 1)
@@ -176,11 +178,7 @@ SDPA_API sdpa_status sdpa_mask_and(const sdpa_allow_mask *a, const sdpa_allow_ma
                                   names[x], (int)r, (long long)m->shape[r], (int)(out_rank - m->rank + r),
                                   (long long)want);
         }
-        if ((st = sdpa__broadcast4(fn, names[x], m->rank, m->shape, m->strides, shape4, st4[x])) != SDPA_OK) return st;
-        int64_t mn = 1;
-        for (int32_t r = 0; r < m->rank; ++r) mn *= m->shape[r];
-        if (mn > 0 && m->data == NULL)
-            return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL", fn, names[x]);
+        sdpa__broadcast4(fn, names[x], m->rank, m->shape, m->strides, shape4, st4[x]);
         if (numel > 0 && sdpa__spans_overlap(out_span, sdpa__mask_span(m)))
             return sdpa__fail(SDPA_ERR_OVERLAP, "%s: out overlaps %s", fn, names[x]);
     }
@@ -196,18 +194,29 @@ SDPA_API sdpa_status sdpa_mask_and(const sdpa_allow_mask *a, const sdpa_allow_ma
     return SDPA_OK;
 }
 
-static sdpa_status check_flat(const char *fn, const void *in, int64_t n, const void *out) {
+/* n elements of in_elem bytes in, out_elem bytes out; exact in-place only if allowed. */
+static sdpa_status check_flat(const char *fn, const void *in, size_t in_elem, int64_t n, const void *out,
+                              size_t out_elem, bool in_place_ok) {
     if (n < 0)
         return sdpa__fail(SDPA_ERR_SHAPE, "%s: n=%lld must be >= 0", fn, (long long)n);
-    if (n > 0 && (in == NULL || out == NULL))
+    if (n == 0)
+        return SDPA_OK;
+    if (in == NULL || out == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s is NULL", fn, in == NULL ? "input" : "out");
+    if ((uint64_t)n > (uint64_t)(PTRDIFF_MAX / 8))
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: n=%lld is too large", fn, (long long)n);
+    sdpa__span a = {(uintptr_t)in, (uintptr_t)in + (uintptr_t)n * in_elem};
+    sdpa__span b = {(uintptr_t)out, (uintptr_t)out + (uintptr_t)n * out_elem};
+    if (sdpa__spans_overlap(a, b) && !(in_place_ok && in == out))
+        return sdpa__fail(SDPA_ERR_OVERLAP, "%s: out overlaps the input%s", fn,
+                          in_place_ok ? " (only exact in-place, out == input, is allowed)" : "");
     return SDPA_OK;
 }
 
 SDPA_API sdpa_status sdpa_mask_from_ignore(const uint8_t *ignore, int64_t n, uint8_t *out) {
     sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_flat("sdpa_mask_from_ignore", ignore, n, out)) != SDPA_OK) return st;
+    if ((st = check_flat("sdpa_mask_from_ignore", ignore, 1, n, out, 1, true)) != SDPA_OK) return st;
     for (int64_t t = 0; t < n; ++t)
         out[t] = ignore[t] == 0 ? 1 : 0;
     return SDPA_OK;
@@ -217,7 +226,7 @@ SDPA_API sdpa_status sdpa_mask_from_keep_int(const int32_t *keep, int64_t n, uin
     static const char fn[] = "sdpa_mask_from_keep_int";
     sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_flat(fn, keep, n, out)) != SDPA_OK) return st;
+    if ((st = check_flat(fn, keep, sizeof *keep, n, out, 1, false)) != SDPA_OK) return st;
     for (int64_t t = 0; t < n; ++t)
         if (keep[t] != 0 && keep[t] != 1)
             return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
@@ -233,7 +242,7 @@ SDPA_API sdpa_status sdpa_mask_from_additive(const float *additive, int64_t n, c
     static const char fn[] = "sdpa_mask_from_additive";
     sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_flat(fn, additive, n, out)) != SDPA_OK) return st;
+    if ((st = check_flat(fn, additive, sizeof *additive, n, out, 1, false)) != SDPA_OK) return st;
     if (threshold != NULL && isnan(*threshold))
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: *threshold is NaN", fn);
     for (int64_t t = 0; t < n; ++t) {
@@ -255,7 +264,7 @@ SDPA_API sdpa_status sdpa_mask_from_additive(const float *additive, int64_t n, c
 SDPA_API sdpa_status sdpa_mask_to_additive(const uint8_t *allow, int64_t n, float *out) {
     sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_flat("sdpa_mask_to_additive", allow, n, out)) != SDPA_OK) return st;
+    if ((st = check_flat("sdpa_mask_to_additive", allow, 1, n, out, sizeof *out, false)) != SDPA_OK) return st;
     for (int64_t t = 0; t < n; ++t)
         out[t] = allow[t] ? 0.0f : -INFINITY;
     return SDPA_OK;
@@ -268,9 +277,7 @@ SDPA_API sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_mask *mask, int
     sdpa__clear_error();
     if (mask == NULL || empty_rows == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s is NULL", fn, mask == NULL ? "mask" : "empty_rows");
-    if (mask->rank < 1 || mask->rank > SDPA_MASK_MAX_RANK)
-        return sdpa__fail(SDPA_ERR_RANK, "%s: mask.rank=%d, expected 1..4", fn, (int)mask->rank);
-    if ((st = sdpa__check_geometry(fn, "mask", mask->rank, mask->shape, mask->strides, 1)) != SDPA_OK) return st;
+    if ((st = sdpa__check_mask(fn, "mask", mask)) != SDPA_OK) return st;
     int64_t shape4[4] = {1, 1, 1, 1}, str4[4] = {0, 0, 0, 0};
     for (int32_t r = 0; r < mask->rank; ++r) {
         shape4[4 - mask->rank + r] = mask->shape[r];

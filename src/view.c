@@ -182,6 +182,26 @@ static sdpa_status contiguous_strides(const char *fn, const char *name, int32_t 
     return sdpa__check_geometry(fn, name, rank, shape, strides, elem);
 }
 
+sdpa_status sdpa__check_mask(const char *fn, const char *name, const sdpa_allow_mask *m) {
+    if (m->rank < 1 || m->rank > SDPA_MASK_MAX_RANK)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: %s.rank=%d, expected 1..4", fn, name, (int)m->rank);
+    if (m->reserved0 != 0)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s.reserved0 must be 0", fn, name);
+    for (int32_t d = m->rank; d < SDPA_MASK_MAX_RANK; ++d)
+        if (m->shape[d] != 0 || m->strides[d] != 0)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s.shape[%d] and strides[%d] are beyond rank=%d and must be 0",
+                              fn, name, (int)d, (int)d, (int)m->rank);
+    sdpa_status st = sdpa__check_geometry(fn, name, m->rank, m->shape, m->strides, 1);
+    if (st != SDPA_OK)
+        return st;
+    int64_t numel = 1;
+    for (int32_t d = 0; d < m->rank; ++d)
+        numel *= m->shape[d];
+    if (numel > 0 && m->data == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL", fn, name);
+    return SDPA_OK;
+}
+
 SDPA_API sdpa_status sdpa_tensor_init(sdpa_tensor *view, float *data, int32_t rank, const int64_t *shape) {
     static const char fn[] = "sdpa_tensor_init";
     int64_t strides[SDPA_MAX_RANK];
@@ -193,6 +213,9 @@ SDPA_API sdpa_status sdpa_tensor_init(sdpa_tensor *view, float *data, int32_t ra
     sdpa_status st = contiguous_strides(fn, "view", rank, SDPA_MAX_RANK, shape, sizeof(float), strides);
     if (st != SDPA_OK)
         return st;
+    if (data == NULL && rank > 0 && strides[0] * shape[0] > 0)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld elements", fn,
+                          (long long)(strides[0] * shape[0]));
     view->data = data;
     view->rank = rank;
     for (int32_t d = 0; d < rank; ++d) {
@@ -224,6 +247,9 @@ SDPA_API sdpa_status sdpa_allow_mask_init(sdpa_allow_mask *mask, const uint8_t *
     sdpa_status st = contiguous_strides(fn, "mask", rank, SDPA_MASK_MAX_RANK, shape, 1, strides);
     if (st != SDPA_OK)
         return st;
+    if (data == NULL && strides[0] * shape[0] > 0)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the mask has %lld elements", fn,
+                          (long long)(strides[0] * shape[0]));
     mask->data = data;
     mask->rank = rank;
     for (int32_t d = 0; d < rank; ++d) {
