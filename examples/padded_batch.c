@@ -13,8 +13,9 @@
  *    Padded query rows then have no allowed key at all; SDPA_EMPTY_ROWS_ZERO writes them as zeros
  *    (the default policy, SDPA_EMPTY_ROWS_ERROR, would reject the call).
  *
- * Padding keys and values hold NaN: the library never reads them, so they cannot leak into the
- * output.
+ * Padding queries, keys and values hold NaN: nothing the library computes an output from reads
+ * them, so they cannot leak into the output, and the finite check (on by default) does not
+ * inspect them.
  * Exits 1 if a padded row is not exactly zero or the two layouts disagree on a valid token.
  */
 #include <math.h>
@@ -33,9 +34,9 @@ static float token(int which, int b, int t, int c)
 }
 
 /* Fill q, k, v [B, H, N, width] with the tokens of each sequence, right- or left-padded.
- * Padding keys and values hold NaN. Padding queries hold NaN when they are declared by
- * query_lengths, and a loud finite value when only the mask says so (the finite check looks at
- * every query row that query_lengths does not mark as padding). */
+ * Padding holds NaN everywhere. The finite check looks only at values that enter the output:
+ * query rows that have an allowed key (a padding row declared by query_lengths, or blocked
+ * entirely by the mask, has none) and key/value rows some allowed pair reads. */
 static void fill(float *q, float *k, float *v, int left_padded)
 {
     for (int b = 0; b < B; b++) {
@@ -44,7 +45,7 @@ static void fill(float *q, float *k, float *v, int left_padded)
             int t = p - first; /* token index, or out of [0, len) for padding */
             int valid = t >= 0 && t < lengths[b];
             for (int c = 0; c < E; c++) {
-                q[(b * N + p) * E + c] = valid ? token(0, b, t, c) : left_padded ? 1e4f : NAN;
+                q[(b * N + p) * E + c] = valid ? token(0, b, t, c) : NAN;
                 k[(b * N + p) * E + c] = valid ? token(1, b, t, c) : NAN;
             }
             for (int c = 0; c < EV; c++)

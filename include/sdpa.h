@@ -252,8 +252,9 @@ typedef enum sdpa_weights_stage {
 
 /**
  * Options of sdpa_attention(). Initialise with sdpa_options_init(), then set fields.
- * Every default is the zero value, so a zero-filled struct with struct_size set
- * (`sdpa_options o = {sizeof o};`) also means "the defaults".
+ * Every field's default is its zero value (sdpa_options_init() also sets the unused window
+ * sides to -1), so a zero-filled struct with struct_size set
+ * (`sdpa_options o = {.struct_size = sizeof o};`) also means "the defaults".
  * The library reads only the first struct_size bytes; fields are only ever appended.
  * Pointers are borrowed for the duration of the call.
  */
@@ -543,7 +544,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_to_additive(const uint8_t *allow, 
  * that allow no key. With a mask of shape [..., S], S = 0 makes every row empty.
  * @param empty_rows [out] number of empty rows.
  * @param first_empty [out, nullable] flat row-major index of the first empty row, or -1.
- * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK, SDPA_ERR_SHAPE, SDPA_ERR_SIZE_OVERFLOW
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK, SDPA_ERR_SHAPE, SDPA_ERR_SIZE_OVERFLOW,
+ *         SDPA_ERR_INVALID_ARGUMENT (reserved0 or an entry beyond rank not 0)
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_mask *mask,
                                                                int64_t *empty_rows,

@@ -213,9 +213,12 @@ SDPA_API sdpa_status sdpa_tensor_init(sdpa_tensor *view, float *data, int32_t ra
     sdpa_status st = contiguous_strides(fn, "view", rank, SDPA_MAX_RANK, shape, sizeof(float), strides);
     if (st != SDPA_OK)
         return st;
-    if (data == NULL && rank > 0 && strides[0] * shape[0] > 0)
+    int64_t numel = 1;
+    for (int32_t d = 0; d < rank; ++d)
+        numel *= shape[d]; /* no overflow: contiguous_strides checked the product */
+    if (data == NULL && numel > 0)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld elements", fn,
-                          (long long)(strides[0] * shape[0]));
+                          (long long)numel);
     view->data = data;
     view->rank = rank;
     for (int32_t d = 0; d < rank; ++d) {
@@ -247,9 +250,12 @@ SDPA_API sdpa_status sdpa_allow_mask_init(sdpa_allow_mask *mask, const uint8_t *
     sdpa_status st = contiguous_strides(fn, "mask", rank, SDPA_MASK_MAX_RANK, shape, 1, strides);
     if (st != SDPA_OK)
         return st;
-    if (data == NULL && strides[0] * shape[0] > 0)
+    int64_t numel = 1;
+    for (int32_t d = 0; d < rank; ++d)
+        numel *= shape[d];
+    if (data == NULL && numel > 0)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the mask has %lld elements", fn,
-                          (long long)(strides[0] * shape[0]));
+                          (long long)numel);
     mask->data = data;
     mask->rank = rank;
     for (int32_t d = 0; d < rank; ++d) {

@@ -198,11 +198,12 @@ static void describe(rcase *c)
     if (c->want_lse) {
         describe_view(d, cap, "lse", &c->lse);
     }
-    append(d, cap, " scale=%g softcap=%g causal=%d align=%d window=(%lld,%lld) empty_rows=%d stage=%d"
-                   " threads=%d ws=%d",
+    append(d, cap, " scale=%g softcap=%g causal=%d align=%d sliding_window=%d window=(%lld,%lld)"
+                   " empty_rows=%d stage=%d skip_finite_check=%d threads=%d ws=%d",
            (double)c->opt.scale, (double)c->opt.softcap, c->opt.causal, c->opt.alignment,
-           (long long)c->opt.window_left, (long long)c->opt.window_right, c->opt.empty_rows,
-           c->opt.weights_stage, c->opt.num_threads, c->use_ws);
+           c->opt.sliding_window, (long long)c->opt.window_left, (long long)c->opt.window_right,
+           c->opt.empty_rows, c->opt.weights_stage, c->opt.skip_finite_check, c->opt.num_threads,
+           c->use_ws);
     if (c->opt.alignment == SDPA_ALIGN_OFFSETS) {
         append(d, cap, " offsets=");
         for (int64_t b = 0; b < c->B; ++b) {
@@ -417,6 +418,7 @@ static void gen_case(rcase *c, int index, uint64_t seed, int large)
         }
     }
     if (use_window) {
+        o->sliding_window = p->sliding_window = 1;
         o->window_left = p->window_left = tc_rng_int(r, -1, c->S);
         o->window_right = p->window_right = tc_rng_int(r, -1, c->S);
     }
@@ -441,6 +443,15 @@ static void gen_case(rcase *c, int index, uint64_t seed, int large)
     }
     o->num_threads = (int32_t)tc_rng_int(r, 0, 3);
     c->use_ws = tc_rng_chance(r, 0.3);
+    /* Drawn last so that the cases above stay what they were: window sides without
+     * sliding_window = 1 must change nothing, and skipping the scan of finite inputs too. */
+    if (!use_window && tc_rng_chance(r, 0.15)) {
+        o->window_left = p->window_left = tc_rng_int(r, 0, 2);
+        o->window_right = p->window_right = tc_rng_int(r, 0, 2);
+    }
+    if (tc_rng_chance(r, 0.1)) {
+        o->skip_finite_check = p->skip_finite_check = 1;
+    }
 
     p->q = tc_buf_ref4(&c->q);
     p->k = tc_buf_ref4(&c->k);
@@ -495,8 +506,8 @@ enum {
     COV_BIAS_R1, COV_BIAS_R2, COV_BIAS_R3, COV_BIAS_R4, COV_BIAS_NEG_INF,
     COV_MASK_R1, COV_MASK_R2, COV_MASK_R3, COV_MASK_R4, COV_MASK_STRIDE0,
     COV_INPUT_STRIDE0, COV_INPUT_NEGATIVE, COV_PERMUTED_LAYOUT,
-    COV_CAUSAL_TL, COV_CAUSAL_BR, COV_CAUSAL_OFF, COV_WINDOW, COV_KEY_LENGTHS, COV_QUERY_LENGTHS,
-    COV_ZERO_EMPTY_ROW, COV_PADDED_ROW,
+    COV_CAUSAL_TL, COV_CAUSAL_BR, COV_CAUSAL_OFF, COV_WINDOW, COV_WINDOW_OFF, COV_KEY_LENGTHS,
+    COV_QUERY_LENGTHS, COV_BR_QUERY_LENGTHS, COV_ZERO_EMPTY_ROW, COV_PADDED_ROW,
     COV_STAGE0, COV_STAGE1, COV_STAGE2, COV_STAGE3, COV_LSE, COV_WORKSPACE, COV_COUNT
 };
 static const char *const cov_names[COV_COUNT] = {
@@ -504,8 +515,8 @@ static const char *const cov_names[COV_COUNT] = {
     "bias rank1", "bias rank2", "bias rank3", "bias rank4", "bias -inf",
     "mask rank1", "mask rank2", "mask rank3", "mask rank4", "mask stride0",
     "input stride0", "input negative stride", "permuted layout",
-    "causal top-left", "causal bottom-right", "causal offsets", "window", "key_lengths", "query_lengths",
-    "ZERO empty row", "padded row",
+    "causal top-left", "causal bottom-right", "causal offsets", "window", "window sides without sliding_window",
+    "key_lengths", "query_lengths", "bottom-right with query_lengths", "ZERO empty row", "padded row",
     "stage probabilities", "stage scores", "stage softcapped", "stage masked", "lse", "workspace",
 };
 static int g_cov[COV_COUNT];
@@ -718,9 +729,12 @@ static int run_case(rcase *c)
         g[COV_CAUSAL_TL] += c->opt.causal && c->opt.alignment == SDPA_ALIGN_TOP_LEFT;
         g[COV_CAUSAL_BR] += c->opt.causal && c->opt.alignment == SDPA_ALIGN_BOTTOM_RIGHT;
         g[COV_CAUSAL_OFF] += c->opt.causal && c->opt.alignment == SDPA_ALIGN_OFFSETS;
-        g[COV_WINDOW] += c->opt.window_left >= 0 || c->opt.window_right >= 0;
+        g[COV_WINDOW] += c->opt.sliding_window && (c->opt.window_left >= 0 || c->opt.window_right >= 0);
+        g[COV_WINDOW_OFF] += !c->opt.sliding_window && (c->opt.window_left >= 0 || c->opt.window_right >= 0);
         g[COV_KEY_LENGTHS] += c->opt.key_lengths != NULL;
         g[COV_QUERY_LENGTHS] += c->opt.query_lengths != NULL;
+        g[COV_BR_QUERY_LENGTHS] += (c->opt.causal || c->opt.sliding_window) &&
+                                   c->opt.alignment == SDPA_ALIGN_BOTTOM_RIGHT && c->opt.query_lengths != NULL;
         g[COV_ZERO_EMPTY_ROW] += n_empty > 0;
         g[COV_PADDED_ROW] += n_pad > 0;
         if (c->want_w) {
@@ -771,7 +785,7 @@ static void attention_random_configs_match_reference(void **state)
     print_message("random cases: %d succeeded, %d expected SDPA_ERR_EMPTY_ROW, max error %.3g\n",
                   ok_expected, empty_expected, g_max_err);
     assert_true(ok_expected > n_cases / 2 && empty_expected > n_cases / 50);
-    char cov[1024] = "";
+    char cov[2048] = "";
     for (int f = 0; f < COV_COUNT; ++f) {
         append(cov, sizeof cov, "%s%s=%d", f ? ", " : "", cov_names[f], g_cov[f]);
     }
@@ -1380,6 +1394,439 @@ static void attention_gqa_matches_repeated_kv_heads(void **state)
     }
 }
 
+/* ------------------------------------------------- defaults and the window flag */
+
+/* A random [B=2, H=3, L=9, S=13] case with a random rank-4 allow-mask (rows may be empty). */
+static void random_masked_case(small *s, uint8_t *mask, sdpa_allow_mask *m, uint64_t seed)
+{
+    enum { MB = 2, MH = 3, ML = 9, MS = 13 };
+    small_alloc(s, MB, MH, ML, MS, 8, 5, seed);
+    tc_rng r;
+    tc_rng_seed(&r, seed + 1);
+    for (int e = 0; e < MB * MH * ML * MS; ++e) {
+        mask[e] = (uint8_t)(tc_rng_chance(&r, 0.6) ? 1 + tc_rng_int(&r, 0, 254) : 0);
+    }
+    const int64_t ms[4] = {MB, MH, ML, MS};
+    *m = tc_mask_view(mask, 4, ms);
+}
+
+static void attention_zero_filled_options_equal_the_defaults(void **state)
+{
+    (void)state;
+    small s;
+    uint8_t mask[2 * 3 * 9 * 13];
+    sdpa_allow_mask m;
+    random_masked_case(&s, mask, &m, 4242);
+
+    sdpa_options d;
+    sdpa_options_init(&d);
+    d.allow_mask = &m;
+    d.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+    assert_int_equal(small_run(&s, &d), SDPA_OK);
+    snap a;
+    snap_take(&a, &s);
+
+    /* sdpa.h: every default is the zero value, so a zero-filled struct with struct_size set
+     * means the defaults (window sides 0 without sliding_window = 1 are no window) */
+    sdpa_options z = {.struct_size = sizeof z};
+    z.allow_mask = &m;
+    z.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+    assert_int_equal(z.window_left, 0);
+    assert_int_equal(z.window_right, 0);
+    sdpa_status st = small_run(&s, &z);
+    if (st != SDPA_OK) {
+        fail_msg("zero-filled options: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    if (!snap_equal(&a, &s)) {
+        fail_msg("a zero-filled sdpa_options gives other bits than sdpa_options_init()");
+    }
+
+    /* memset(0) + struct_size is the same thing spelled differently */
+    sdpa_options mz;
+    memset(&mz, 0, sizeof mz);
+    mz.struct_size = sizeof mz;
+    mz.allow_mask = &m;
+    mz.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+    assert_int_equal(small_run(&s, &mz), SDPA_OK);
+    assert_true(snap_equal(&a, &s));
+
+    /* and the defaults' window sides, if set by hand with sliding_window = 0, change nothing */
+    z.window_left = 1;
+    z.window_right = 0;
+    assert_int_equal(small_run(&s, &z), SDPA_OK);
+    assert_true(snap_equal(&a, &s));
+
+    /* the same with causal on: zero-filled + causal == init + causal */
+    d.causal = z.causal = 1;
+    z.window_left = z.window_right = 0;
+    assert_int_equal(small_run(&s, &d), SDPA_OK);
+    snap c;
+    snap_take(&c, &s);
+    assert_int_equal(small_run(&s, &z), SDPA_OK);
+    assert_true(snap_equal(&c, &s));
+    assert_false(snap_equal(&a, &s)); /* causal did change something: the check can fail */
+
+    snap_free(&c);
+    snap_free(&a);
+    small_free(&s);
+}
+
+static void attention_window_applies_only_with_sliding_window(void **state)
+{
+    (void)state;
+    enum { WL = 9, WS = 13 };
+    small s;
+    uint8_t mask[2 * 3 * WL * WS];
+    sdpa_allow_mask m;
+    random_masked_case(&s, mask, &m, 777);
+    memset(mask, 1, sizeof mask); /* only the window blocks */
+
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+    assert_int_equal(small_run(&s, &o), SDPA_OK);
+    snap none;
+    snap_take(&none, &s);
+
+    /* window (1, 0) bottom-right, without the flag: no window */
+    o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    o.window_left = 1;
+    o.window_right = 0;
+    assert_int_equal(small_run(&s, &o), SDPA_OK);
+    if (!snap_equal(&none, &s)) {
+        fail_msg("window sides took effect with sliding_window = 0");
+    }
+
+    /* with the flag: equal to the sliding-window allow-mask of the builder */
+    o.sliding_window = 1;
+    assert_int_equal(small_run(&s, &o), SDPA_OK);
+    snap win;
+    snap_take(&win, &s);
+    if (snap_equal(&none, &s)) {
+        fail_msg("sliding_window = 1 with window (1, 0) changed nothing");
+    }
+    uint8_t band[WL * WS];
+    assert_int_equal(sdpa_mask_sliding_window(band, WL, WS, 1, 0, SDPA_ALIGN_BOTTOM_RIGHT), SDPA_OK);
+    const int64_t bs[2] = {WL, WS};
+    sdpa_allow_mask mb = tc_mask_view(band, 2, bs);
+    sdpa_options viamask;
+    sdpa_options_init(&viamask);
+    viamask.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+    viamask.allow_mask = &mb;
+    assert_int_equal(small_run(&s, &viamask), SDPA_OK);
+    for (size_t e = 0; e < win.nout; ++e) {
+        if (fabsf(win.out[e] - s.out[e]) > 1e-6f) {
+            fail_msg("out[%zu]: window option %.9g vs window mask %.9g", e, (double)win.out[e], (double)s.out[e]);
+        }
+    }
+    for (size_t e = 0; e < win.nw; ++e) {
+        assert_float_equal(win.w[e], s.w[e], 1e-6);
+        if ((win.w[e] == 0.0f) != (s.w[e] == 0.0f)) {
+            fail_msg("weights[%zu]: blocked by one and not the other", e);
+        }
+    }
+
+    /* sliding_window = 1 with both sides -1 is no window either */
+    o.window_left = o.window_right = -1;
+    assert_int_equal(small_run(&s, &o), SDPA_OK);
+    assert_true(snap_equal(&none, &s));
+
+    snap_free(&win);
+    snap_free(&none);
+    small_free(&s);
+}
+
+/* ------------------------------------- bottom-right alignment with query lengths */
+
+/* Compare one sequence b of a padded [B, H, L, S] run with the same sequence run alone,
+ * unpadded ([1, H, Lb, Sb]); rows i >= Lb must be padding (0, 0, -inf). */
+static void compare_with_alone(const small *pad, int64_t b, int64_t Lb, int64_t Sb, const sdpa_options *opt_alone,
+                               const char *what)
+{
+    const int64_t H = pad->H, L = pad->L, S = pad->S, E = pad->E, Ev = pad->Ev;
+    float *q = malloc(sizeof(float) * (size_t)(H * (Lb ? Lb : 1) * E));
+    float *k = malloc(sizeof(float) * (size_t)(H * (Sb ? Sb : 1) * E));
+    float *v = malloc(sizeof(float) * (size_t)(H * (Sb ? Sb : 1) * Ev));
+    float *out = malloc(sizeof(float) * (size_t)(H * (Lb ? Lb : 1) * Ev));
+    float *w = malloc(sizeof(float) * (size_t)(H * (Lb ? Lb : 1) * (Sb ? Sb : 1)));
+    float *lse = malloc(sizeof(float) * (size_t)(H * (Lb ? Lb : 1)));
+    assert_true(q && k && v && out && w && lse);
+    for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < Lb; ++i) {
+            memcpy(&q[(h * Lb + i) * E], &pad->q[((b * H + h) * L + i) * E], (size_t)E * sizeof(float));
+        }
+        for (int64_t j = 0; j < Sb; ++j) {
+            memcpy(&k[(h * Sb + j) * E], &pad->k[((b * H + h) * S + j) * E], (size_t)E * sizeof(float));
+            memcpy(&v[(h * Sb + j) * Ev], &pad->v[((b * H + h) * S + j) * Ev], (size_t)Ev * sizeof(float));
+        }
+    }
+    sdpa_tensor tq, tk, tv, to, tw, tl;
+    assert_int_equal(sdpa_tensor_init_4d(&tq, q, 1, H, Lb, E), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_4d(&tk, k, 1, H, Sb, E), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_4d(&tv, v, 1, H, Sb, Ev), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_4d(&to, out, 1, H, Lb, Ev), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_4d(&tw, w, 1, H, Lb, Sb), SDPA_OK);
+    const int64_t ls[3] = {1, H, Lb};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, opt_alone, &to, &tw, &tl);
+    if (st != SDPA_OK) {
+        fail_msg("%s: sequence %lld alone: %s (%s)", what, (long long)b, sdpa_status_string(st),
+                 sdpa_last_error_message());
+    }
+    for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < L; ++i) {
+            const int64_t row = (b * H + h) * L + i;
+            const float *prow = &pad->out[row * Ev];
+            const float *pw = &pad->w[row * S];
+            const float pl = pad->lse[row];
+            if (i >= Lb) { /* padding row */
+                for (int64_t c = 0; c < Ev; ++c) {
+                    if (prow[c] != 0.0f) fail_msg("%s: b=%lld h=%lld padding row %lld out not 0", what, (long long)b, (long long)h, (long long)i);
+                }
+                for (int64_t j = 0; j < S; ++j) {
+                    if (pw[j] != 0.0f) fail_msg("%s: b=%lld h=%lld padding row %lld weights not 0", what, (long long)b, (long long)h, (long long)i);
+                }
+                if (!(isinf(pl) && pl < 0)) fail_msg("%s: b=%lld padding row %lld lse %g", what, (long long)b, (long long)i, (double)pl);
+                continue;
+            }
+            const int64_t arow = h * Lb + i;
+            for (int64_t c = 0; c < Ev; ++c) {
+                const float x = prow[c], y = out[arow * Ev + c];
+                if (!(fabsf(x - y) <= 1e-6f)) {
+                    fail_msg("%s: b=%lld h=%lld i=%lld out[%lld]: padded batch %.9g, alone %.9g", what, (long long)b,
+                             (long long)h, (long long)i, (long long)c, (double)x, (double)y);
+                }
+            }
+            for (int64_t j = 0; j < S; ++j) {
+                const float x = pw[j], y = j < Sb ? w[arow * Sb + j] : 0.0f;
+                if (!(fabsf(x - y) <= 1e-6f) || ((x == 0.0f) != (y == 0.0f))) {
+                    fail_msg("%s: b=%lld h=%lld i=%lld weights[%lld]: padded batch %.9g, alone %.9g", what,
+                             (long long)b, (long long)h, (long long)i, (long long)j, (double)x, (double)y);
+                }
+            }
+            const float y = lse[arow];
+            if (!((isinf(pl) && isinf(y) && pl == y) || fabsf(pl - y) <= 1e-6f)) {
+                fail_msg("%s: b=%lld h=%lld i=%lld lse: padded batch %.9g, alone %.9g", what, (long long)b,
+                         (long long)h, (long long)i, (double)pl, (double)y);
+            }
+        }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(w);
+    free(lse);
+}
+
+static void attention_bottom_right_uses_per_batch_query_length(void **state)
+{
+    (void)state;
+    /* A right-padded batch (query_lengths + key_lengths) under bottom-right causal equals each
+     * sequence run alone, unpadded: p = i + S_b - L_b, so the last valid query of every
+     * sequence sees every valid key (FlashAttention varlen). With p = i + S_b - L the
+     * padded sequences would see fewer keys. */
+    enum { NB = 5, H = 2, L = 6, S = 8, E = 5, EV = 3 };
+    const int64_t ql[NB] = {6, 3, 1, 4, 2};
+    const int64_t kl[NB] = {8, 5, 7, 2, 0}; /* b=3: L_b > S_b (first rows empty); b=4: no key */
+    small s;
+    small_alloc(&s, NB, H, L, S, E, EV, 2024);
+    /* padding holds NaN: nothing may read it */
+    for (int64_t b = 0; b < NB; ++b) {
+        for (int64_t h = 0; h < H; ++h) {
+            for (int64_t i = ql[b]; i < L; ++i) {
+                s.q[((b * H + h) * L + i) * E] = NAN;
+            }
+            for (int64_t j = kl[b]; j < S; ++j) {
+                s.k[((b * H + h) * S + j) * E + 1] = NAN;
+                s.v[((b * H + h) * S + j) * EV + 2] = NAN;
+            }
+        }
+    }
+    for (int variant = 0; variant < 3; ++variant) {
+        sdpa_options o, alone;
+        sdpa_options_init(&o);
+        o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+        o.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        const char *what = "causal";
+        if (variant == 0) {
+            o.causal = 1;
+        } else if (variant == 1) {
+            o.causal = 1; /* Hugging Face sliding_window = 3 */
+            o.sliding_window = 1;
+            o.window_left = 2;
+            o.window_right = 0;
+            what = "causal + window (2, 0)";
+        } else {
+            o.sliding_window = 1; /* a symmetric band around p */
+            o.window_left = 1;
+            o.window_right = 1;
+            what = "window (1, 1)";
+        }
+        alone = o;
+        o.query_lengths = ql;
+        o.key_lengths = kl;
+        sdpa_status st = small_run(&s, &o);
+        if (st != SDPA_OK) {
+            fail_msg("%s: padded batch: %s (%s)", what, sdpa_status_string(st), sdpa_last_error_message());
+        }
+        for (int64_t b = 0; b < NB; ++b) {
+            compare_with_alone(&s, b, ql[b], kl[b], &alone, what);
+        }
+        /* the last valid query row of a sequence with S_b >= L_b >= 1 sees key S_b - 1 */
+        if (variant == 0) {
+            for (int64_t b = 0; b < 3; ++b) {
+                const float wl = s.w[((b * H + 0) * L + (ql[b] - 1)) * S + (kl[b] - 1)];
+                if (!(wl > 0.0f)) {
+                    fail_msg("b=%lld: last valid query %lld gives weight %g to the last valid key %lld",
+                             (long long)b, (long long)(ql[b] - 1), (double)wl, (long long)(kl[b] - 1));
+                }
+            }
+        }
+    }
+    small_free(&s);
+}
+
+/* ------------------------------------------------ scores that overflow float32 */
+
+static void attention_overflowing_scores_are_recomputed_in_double(void **state)
+{
+    (void)state;
+    /* q . k0 = 1e40 and q . k1 = -1e40: +inf / -inf in float32, finite in double */
+    float q[2] = {1e20f, 0.0f};
+    float k[4] = {1e20f, 0.0f, -1e20f, 0.0f};
+    float v[2] = {5.0f, 7.0f};
+    float out[1], w[2], lse[1];
+    sdpa_tensor tq = tc_view4(q, 1, 1, 1, 2), tk = tc_view4(k, 1, 1, 2, 2), tv = tc_view4(v, 1, 1, 2, 1);
+    sdpa_tensor to = tc_view4(out, 1, 1, 1, 1), tw = tc_view4(w, 1, 1, 1, 2), tl;
+    const int64_t ls[3] = {1, 1, 1};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+    tc_fill_canary(out, sizeof out);
+    tc_fill_canary(w, sizeof w);
+    tc_fill_canary(lse, sizeof lse);
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, NULL, &to, &tw, &tl);
+    if (st != SDPA_OK) {
+        fail_msg("q = [1e20, 0]: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    if (out[0] != 5.0f) {
+        fail_msg("q = [1e20, 0], k = [+-1e20, 0], v = [5, 7]: out %.9g, expected exactly 5", (double)out[0]);
+    }
+    if (isnan(lse[0]) || (isinf(lse[0]) && lse[0] < 0)) {
+        fail_msg("lse %g: expected finite or +inf", (double)lse[0]);
+    }
+    if (w[0] != 1.0f || w[1] != 0.0f) {
+        fail_msg("probabilities [%.9g, %.9g], expected [1, 0]", (double)w[0], (double)w[1]);
+    }
+
+    /* q . k0 = 1e40 - 1e40 = 0 in double but inf - inf = NaN in float32; k1 = 0 scores 0 too */
+    float q2[2] = {1e20f, 1e20f};
+    float k2[4] = {1e20f, -1e20f, 0.0f, 0.0f};
+    tq = tc_view4(q2, 1, 1, 1, 2);
+    tk = tc_view4(k2, 1, 1, 2, 2);
+    st = sdpa_attention(&tq, &tk, &tv, NULL, &to, &tw, &tl);
+    if (st != SDPA_OK) {
+        fail_msg("q = [1e20, 1e20]: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    if (!(fabsf(out[0] - 6.0f) <= 1e-6f) || !(fabsf(w[0] - 0.5f) <= 1e-6f) || !(fabsf(w[1] - 0.5f) <= 1e-6f)) {
+        fail_msg("q . k0 = 1e40 - 1e40: out %.9g (expected 6), weights [%.9g, %.9g] (expected 0.5 each)",
+                 (double)out[0], (double)w[0], (double)w[1]);
+    }
+    if (!(fabsf(lse[0] - (float)log(2.0)) <= 1e-6f)) {
+        fail_msg("q . k0 = 1e40 - 1e40: lse %.9g, expected ln 2", (double)lse[0]);
+    }
+
+    /* scale 1e-10: q . k = 1e40 overflows float32 but scale * q . k = 1e30 does not */
+    float q3[1] = {1e20f}, k3[2] = {1e20f, -1e20f};
+    tq = tc_view4(q3, 1, 1, 1, 1);
+    tk = tc_view4(k3, 1, 1, 2, 1);
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.scale = 1e-10f;
+    st = sdpa_attention(&tq, &tk, &tv, &o, &to, &tw, &tl);
+    if (st != SDPA_OK || out[0] != 5.0f || w[0] != 1.0f || w[1] != 0.0f || !isfinite(lse[0])) {
+        fail_msg("scale 1e-10, q . k = +-1e40: %s, out %.9g (expected 5), weights [%.9g, %.9g], lse %g (finite)",
+                 sdpa_status_string(st), (double)out[0], (double)w[0], (double)w[1], (double)lse[0]);
+    }
+}
+
+static void attention_huge_inputs_give_no_nan(void **state)
+{
+    (void)state;
+    /* q = k = +-1e30: every score overflows float32; ties between keys are common. The
+     * double-precision reference says what the answer is. */
+    enum { HB = 2, HH = 2, HL = 5, HS = 7, HE = 4, HEV = 3 };
+    small s;
+    small_alloc(&s, HB, HH, HL, HS, HE, HEV, 3030);
+    tc_rng r;
+    tc_rng_seed(&r, 3031);
+    for (int e = 0; e < HB * HH * HL * HE; ++e) {
+        s.q[e] = tc_rng_chance(&r, 0.5) ? 1e30f : -1e30f;
+    }
+    for (int e = 0; e < HB * HH * HS * HE; ++e) {
+        s.k[e] = tc_rng_chance(&r, 0.5) ? 1e30f : -1e30f;
+    }
+    for (int e = 0; e < HE; ++e) {
+        s.k[e] = s.q[e]; /* one exact match: score +4e60 * scale */
+    }
+    double *dq = malloc(sizeof(double) * HB * HH * HL * HE), *dk = malloc(sizeof(double) * HB * HH * HS * HE);
+    double *dv = malloc(sizeof(double) * HB * HH * HS * HEV);
+    double *rout = malloc(sizeof(double) * HB * HH * HL * HEV), *rw = malloc(sizeof(double) * HB * HH * HL * HS);
+    double *rlse = malloc(sizeof(double) * HB * HH * HL);
+    assert_true(dq && dk && dv && rout && rw && rlse);
+    for (int e = 0; e < HB * HH * HL * HE; ++e) dq[e] = s.q[e];
+    for (int e = 0; e < HB * HH * HS * HE; ++e) dk[e] = s.k[e];
+    for (int e = 0; e < HB * HH * HS * HEV; ++e) dv[e] = s.v[e];
+
+    for (int variant = 0; variant < 3; ++variant) {
+        sdpa_options o;
+        sdpa_options_init(&o);
+        ref_problem p;
+        ref_problem_init(&p);
+        p.B = HB, p.Hq = p.Hkv = HH, p.L = HL, p.S = HS, p.E = HE, p.Ev = HEV;
+        ref_view_contiguous4(&p.q, dq, HB, HH, HL, HE);
+        ref_view_contiguous4(&p.k, dk, HB, HH, HS, HE);
+        ref_view_contiguous4(&p.v, dv, HB, HH, HS, HEV);
+        if (variant == 1) {
+            o.causal = p.causal = 1;
+            o.alignment = p.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+        } else if (variant == 2) {
+            o.softcap = 30.0f; /* caps +-inf to +-30: no overflow left after softcap */
+            p.softcap = 30.0;
+        }
+        ref_report rep = ref_attention(&p, rout, rw, rlse, NULL);
+        assert_int_equal(rep.status, REF_OK);
+        sdpa_status st = small_run(&s, &o);
+        if (st != SDPA_OK) {
+            fail_msg("variant %d: %s (%s)", variant, sdpa_status_string(st), sdpa_last_error_message());
+        }
+        for (int e = 0; e < HB * HH * HL * HEV; ++e) {
+            if (isnan(s.out[e])) {
+                fail_msg("variant %d: out[%d] is NaN for finite inputs of 1e30", variant, e);
+            }
+            if (!(fabs((double)s.out[e] - rout[e]) <= 1e-5)) {
+                fail_msg("variant %d: out[%d] = %.9g, reference %.9g", variant, e, (double)s.out[e], rout[e]);
+            }
+        }
+        for (int e = 0; e < HB * HH * HL * HS; ++e) {
+            if (!(fabs((double)s.w[e] - rw[e]) <= 1e-6)) {
+                fail_msg("variant %d: weights[%d] = %.9g, reference %.9g", variant, e, (double)s.w[e], rw[e]);
+            }
+        }
+        for (int e = 0; e < HB * HH * HL; ++e) {
+            if (isnan(s.lse[e]) || (isinf(s.lse[e]) && s.lse[e] < 0)) {
+                fail_msg("variant %d: lse[%d] = %g", variant, e, (double)s.lse[e]);
+            }
+        }
+    }
+    free(dq);
+    free(dk);
+    free(dv);
+    free(rout);
+    free(rw);
+    free(rlse);
+    small_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1400,6 +1847,11 @@ int main(void)
         cmocka_unit_test(attention_query_padding_rows_are_exact_zeros),
         cmocka_unit_test(attention_zero_length_query_and_batch_succeed),
         cmocka_unit_test(attention_gqa_matches_repeated_kv_heads),
+        cmocka_unit_test(attention_zero_filled_options_equal_the_defaults),
+        cmocka_unit_test(attention_window_applies_only_with_sliding_window),
+        cmocka_unit_test(attention_bottom_right_uses_per_batch_query_length),
+        cmocka_unit_test(attention_overflowing_scores_are_recomputed_in_double),
+        cmocka_unit_test(attention_huge_inputs_give_no_nan),
     };
     return cmocka_run_group_tests_name("attention", tests, NULL, NULL);
 }

@@ -14,9 +14,10 @@ int main()
         std::fprintf(stderr, "struct_size %zu != %zu\n", options.struct_size, sizeof(sdpa_options));
         ++failures;
     }
-    if (options.scale != 0.0f || options.causal != 0 || options.window_left != -1 ||
-        options.window_right != -1 || options.check_finite != 1 || options.allow_mask != nullptr ||
-        options.dropout_p != 0.0f || options.workspace != nullptr) {
+    if (options.scale != 0.0f || options.causal != 0 || options.sliding_window != 0 ||
+        options.window_left != -1 || options.window_right != -1 || options.skip_finite_check != 0 ||
+        options.allow_mask != nullptr || options.dropout_p != 0.0f || options.num_threads != 0 ||
+        options.workspace != nullptr) {
         std::fprintf(stderr, "sdpa_options_init did not set the documented defaults\n");
         ++failures;
     }

@@ -244,6 +244,16 @@ static void mask_block_diagonal_bad_arguments_are_rejected(void **state)
                 sizeof m, "block num_seqs -1");
     expect_fail(sdpa_mask_block_diagonal(m, 2, ok, NULL, 1, SDPA_ALIGN_OFFSETS), SDPA_ERR_INVALID_ARGUMENT, m,
                 sizeof m, "block causal OFFSETS");
+    /* causal is a 0/1 flag: other values are rejected, not read as "on" */
+    const int32_t bad_causal[4] = {2, -1, 255, INT32_MIN};
+    for (int i = 0; i < 4; ++i) {
+        expect_fail(sdpa_mask_block_diagonal(m, 2, ok, NULL, bad_causal[i], SDPA_ALIGN_TOP_LEFT),
+                    SDPA_ERR_INVALID_ARGUMENT, m, sizeof m, "block causal not 0/1");
+        if (!strstr(sdpa_last_error_message(), "causal")) {
+            fail_msg("block causal=%d: message does not name causal: \"%s\"", (int)bad_causal[i],
+                     sdpa_last_error_message());
+        }
+    }
     const int64_t huge[2] = {0, (int64_t)1 << 40};
     expect_fail(sdpa_mask_block_diagonal(m, 1, huge, NULL, 0, SDPA_ALIGN_TOP_LEFT), SDPA_ERR_SIZE_OVERFLOW, m,
                 sizeof m, "block 2^40 x 2^40");
@@ -543,6 +553,127 @@ static void mask_count_empty_rows_reports_count_and_first(void **state)
     assert_int_equal(n, 42);
 }
 
+static void mask_count_empty_rows_rejects_reserved_and_entries_beyond_rank(void **state)
+{
+    (void)state;
+    const uint8_t m[6] = {1, 0, 0, /**/ 0, 0, 0};
+    const int64_t shape[2] = {2, 3};
+    const sdpa_allow_mask good = tc_mask_view(m, 2, shape);
+    int64_t n = -7, first = -7;
+    assert_int_equal(sdpa_mask_count_empty_rows(&good, &n, &first), SDPA_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(first, 1);
+
+    n = first = 42;
+    sdpa_allow_mask bad = good;
+    bad.reserved0 = 1;
+    expect_fail(sdpa_mask_count_empty_rows(&bad, &n, &first), SDPA_ERR_INVALID_ARGUMENT, NULL, 0,
+                "count reserved0 = 1");
+    bad.reserved0 = -1;
+    expect_fail(sdpa_mask_count_empty_rows(&bad, &n, &first), SDPA_ERR_INVALID_ARGUMENT, NULL, 0,
+                "count reserved0 = -1");
+    for (int d = 2; d < SDPA_MASK_MAX_RANK; ++d) {
+        bad = good;
+        bad.shape[d] = 1; /* even a harmless-looking 1 beyond rank */
+        expect_fail(sdpa_mask_count_empty_rows(&bad, &n, &first), SDPA_ERR_INVALID_ARGUMENT, NULL, 0,
+                    "count shape beyond rank");
+        bad = good;
+        bad.strides[d] = 3;
+        expect_fail(sdpa_mask_count_empty_rows(&bad, &n, &first), SDPA_ERR_INVALID_ARGUMENT, NULL, 0,
+                    "count stride beyond rank");
+    }
+    /* the outputs are untouched on every failure */
+    assert_int_equal(n, 42);
+    assert_int_equal(first, 42);
+}
+
+/* ----------------------------------------------- converters and overlapping buffers */
+
+static void mask_converters_reject_overlap_and_leave_out_untouched(void **state)
+{
+    (void)state;
+    /* one arena per element type; the input at its start, out placed over it */
+    union {
+        uint8_t u8[64];
+        int32_t i32[16];
+        float f32[16];
+    } arena, before;
+
+    /* from_ignore: exact in place is allowed, every other overlap is not */
+    for (int shift = 1; shift < 8; ++shift) {
+        memset(arena.u8, 0, sizeof arena);
+        for (int e = 0; e < 16; ++e) arena.u8[e] = (uint8_t)(e % 3 == 0);
+        memcpy(&before, &arena, sizeof arena);
+        expect_fail(sdpa_mask_from_ignore(arena.u8, 16, arena.u8 + shift), SDPA_ERR_OVERLAP, NULL, 0,
+                    "from_ignore out = in + shift");
+        assert_memory_equal(&before, &arena, sizeof arena);
+        expect_fail(sdpa_mask_from_ignore(arena.u8 + shift, 16, arena.u8), SDPA_ERR_OVERLAP, NULL, 0,
+                    "from_ignore out = in - shift");
+        assert_memory_equal(&before, &arena, sizeof arena);
+    }
+    for (int e = 0; e < 16; ++e) arena.u8[e] = (uint8_t)(e % 3 == 0);
+    assert_int_equal(sdpa_mask_from_ignore(arena.u8, 16, arena.u8), SDPA_OK);
+    for (int e = 0; e < 16; ++e) assert_int_equal(arena.u8[e], e % 3 != 0);
+    /* adjacent is not overlap */
+    assert_int_equal(sdpa_mask_from_ignore(arena.u8, 16, arena.u8 + 16), SDPA_OK);
+    for (int e = 0; e < 16; ++e) assert_int_equal(arena.u8[16 + e], e % 3 == 0);
+
+    /* from_keep_int: no overlap at all, exact start included */
+    const int shifts_keep[4] = {0, 1, 4, 48}; /* out [shift, shift + 16) within the arena */
+    for (int t = 0; t < 4; ++t) {
+        for (int e = 0; e < 16; ++e) arena.i32[e] = e % 2;
+        memcpy(&before, &arena, sizeof arena);
+        expect_fail(sdpa_mask_from_keep_int(arena.i32, 16, arena.u8 + shifts_keep[t]), SDPA_ERR_OVERLAP, NULL, 0,
+                    "from_keep_int out over keep");
+        assert_memory_equal(&before, &arena, sizeof arena);
+    }
+    {
+        /* keep = int32 [1, 5) of the arena = bytes [4, 20) */
+        memset(arena.u8, 0, sizeof arena);
+        const int32_t keep[4] = {1, 0, 1, 1};
+        memcpy(&arena.i32[1], keep, sizeof keep);
+        memcpy(&before, &arena, sizeof arena);
+        /* out = bytes [1, 5): only its last byte lies in keep */
+        expect_fail(sdpa_mask_from_keep_int(&arena.i32[1], 4, arena.u8 + 1), SDPA_ERR_OVERLAP, NULL, 0,
+                    "from_keep_int out tail over keep head");
+        assert_memory_equal(&before, &arena, sizeof arena);
+        /* out = bytes [0, 4) ends where keep starts: fine */
+        assert_int_equal(sdpa_mask_from_keep_int(&arena.i32[1], 4, arena.u8), SDPA_OK);
+        const uint8_t want[4] = {1, 0, 1, 1};
+        expect_matrix(arena.u8, want, 1, 4, "from_keep_int adjacent");
+    }
+
+    /* from_additive: no overlap, exact start included */
+    const int shifts_add[3] = {0, 2, 48};
+    for (int t = 0; t < 3; ++t) {
+        for (int e = 0; e < 16; ++e) arena.f32[e] = e % 2 ? -INFINITY : 0.0f;
+        memcpy(&before, &arena, sizeof arena);
+        expect_fail(sdpa_mask_from_additive(arena.f32, 16, NULL, arena.u8 + shifts_add[t]), SDPA_ERR_OVERLAP, NULL,
+                    0, "from_additive out over additive");
+        assert_memory_equal(&before, &arena, sizeof arena);
+        const float th = -1.0f;
+        expect_fail(sdpa_mask_from_additive(arena.f32, 16, &th, arena.u8 + shifts_add[t]), SDPA_ERR_OVERLAP, NULL,
+                    0, "from_additive with threshold, out over additive");
+        assert_memory_equal(&before, &arena, sizeof arena);
+    }
+
+    /* to_additive: no overlap, in either direction */
+    for (int t = 0; t < 3; ++t) {
+        memset(arena.u8, 1, sizeof arena);
+        memcpy(&before, &arena, sizeof arena);
+        const int at = t == 0 ? 0 : t == 1 ? 3 : 20;
+        /* allow = bytes [at, at + 8), out = floats [0, 8) = bytes [0, 32) */
+        expect_fail(sdpa_mask_to_additive(arena.u8 + at, 8, arena.f32), SDPA_ERR_OVERLAP, NULL, 0,
+                    "to_additive out over allow");
+        assert_memory_equal(&before, &arena, sizeof arena);
+    }
+    /* allow right after out: fine */
+    memset(arena.u8, 0, sizeof arena);
+    arena.u8[32] = 1;
+    assert_int_equal(sdpa_mask_to_additive(arena.u8 + 32, 8, arena.f32), SDPA_OK);
+    assert_true(arena.f32[0] == 0.0f && isinf(arena.f32[1]) && arena.f32[1] < 0);
+}
+
 /* ------------------------------------------------- builders feed attention */
 
 static void mask_padding_builder_matches_key_lengths_option(void **state)
@@ -597,6 +728,8 @@ int main(void)
         cmocka_unit_test(mask_from_additive_accepts_zero_and_minus_inf_only),
         cmocka_unit_test(mask_to_additive_gives_zero_and_minus_inf),
         cmocka_unit_test(mask_count_empty_rows_reports_count_and_first),
+        cmocka_unit_test(mask_count_empty_rows_rejects_reserved_and_entries_beyond_rank),
+        cmocka_unit_test(mask_converters_reject_overlap_and_leave_out_untouched),
         cmocka_unit_test(mask_padding_builder_matches_key_lengths_option),
     };
     return cmocka_run_group_tests_name("mask", tests, NULL, NULL);

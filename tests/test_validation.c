@@ -425,6 +425,47 @@ static void validation_output_overlapping_mask_is_rejected(void **state)
     free(f);
 }
 
+static void validation_overlap_is_checked_on_address_ranges(void **state)
+{
+    (void)state;
+    /* sdpa.h: the check is conservative, on address ranges. q and out interleaved in one
+     * buffer (q at even, out at odd floats) share no element but their ranges intersect. */
+    enum { NL = 4, NE = 3 };
+    float buf[2 * NL * NE + 2];
+    tc_fill_canary(buf, sizeof buf);
+    for (int e = 0; e < NL * NE; ++e) {
+        buf[2 * e] = 0.25f * (float)(e % 5);
+    }
+    float k[NL * NE], v[NL * NE];
+    for (int e = 0; e < NL * NE; ++e) {
+        k[e] = 0.1f * (float)e;
+        v[e] = (float)e;
+    }
+    sdpa_tensor tq = tc_view3(buf, 1, NL, NE), to = tc_view3(buf + 1, 1, NL, NE);
+    for (int d = 0; d < 3; ++d) {
+        tq.strides[d] *= 2;
+        to.strides[d] *= 2;
+    }
+    sdpa_tensor tk = tc_view3(k, 1, NL, NE), tv = tc_view3(v, 1, NL, NE);
+    float before[sizeof buf / sizeof buf[0]];
+    memcpy(before, buf, sizeof buf);
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, NULL, &to, NULL, NULL);
+    if (st != SDPA_ERR_OVERLAP) {
+        fail_msg("out interleaved with q: expected SDPA_ERR_OVERLAP, got %s (\"%s\")", sdpa_status_string(st),
+                 sdpa_last_error_message());
+    }
+    assert_memory_equal(before, buf, sizeof buf);
+    assert_true(sdpa_last_error_message()[0] != '\0');
+    /* adjacent but disjoint ranges are fine: out right after the end of q */
+    float adj[2 * NL * NE];
+    memcpy(adj, k, sizeof k);
+    sdpa_tensor aq = tc_view3(adj, 1, NL, NE), ao = tc_view3(adj + NL * NE, 1, NL, NE);
+    st = sdpa_attention(&aq, &tk, &tv, NULL, &ao, NULL, NULL);
+    if (st != SDPA_OK) {
+        fail_msg("out adjacent to q: %s (\"%s\")", sdpa_status_string(st), sdpa_last_error_message());
+    }
+}
+
 static void validation_output_stride_on_size_one_dim_is_free(void **state)
 {
     (void)state;
@@ -558,12 +599,14 @@ static void validation_bad_scale_and_softcap_are_rejected(void **state)
         CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "bad softcap");
     }
     f->opt.softcap = 0.0f;
+    f->opt.sliding_window = 1;
     f->opt.window_left = -2;
     CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "window_left -2");
     f->opt.window_left = -1;
     f->opt.window_right = -5;
     CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "window_right -5");
     f->opt.window_right = -1;
+    CHECK_OK(f, "sliding_window 1 with both sides unbounded");
     f->opt.scale = 0.5f;
     f->opt.softcap = 30.0f;
     CHECK_OK(f, "valid scale and softcap");
@@ -606,6 +649,7 @@ static void validation_extreme_window_and_offsets_are_safe(void **state)
     CHECK_OK(f, "no window");
     float plain[N_OUT];
     memcpy(plain, f->out, sizeof plain);
+    f->opt.sliding_window = 1;
     f->opt.window_left = INT64_MAX;
     f->opt.window_right = INT64_MAX;
     CHECK_OK(f, "window INT64_MAX");
@@ -636,9 +680,6 @@ static void validation_reserved_fields_must_be_zero(void **state)
 {
     (void)state;
     fx *f = fx_new();
-    f->opt.reserved0 = 1;
-    CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "options.reserved0");
-    f->opt.reserved0 = 0;
     f->tq.reserved[0] = 1;
     CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "q.reserved[0]");
     f->tq.reserved[0] = 0;
@@ -840,15 +881,15 @@ static void validation_non_finite_inputs_are_rejected(void **state)
     fx *f = fx_new();
     f->q[E * 5 + 2] = NAN;
     CHECK_FAIL(f, SDPA_ERR_NON_FINITE, "NaN in q");
-    f->opt.check_finite = 0;
-    CHECK_OK(f, "NaN in q with check_finite 0");
+    f->opt.skip_finite_check = 1;
+    CHECK_OK(f, "NaN in q with skip_finite_check 1");
     free(f);
 
     f = fx_new();
     f->k[(1 * HKV + 1) * S * E + 3 * E] = INFINITY; /* b=1, kv head 1, key 3: attended */
     CHECK_FAIL(f, SDPA_ERR_NON_FINITE, "Inf in an attended k row");
-    f->opt.check_finite = 0;
-    CHECK_OK(f, "Inf in k with check_finite 0");
+    f->opt.skip_finite_check = 1;
+    CHECK_OK(f, "Inf in k with skip_finite_check 1");
     free(f);
 
     f = fx_new();
@@ -864,6 +905,71 @@ static void validation_non_finite_inputs_are_rejected(void **state)
     CHECK_FAIL(f, SDPA_ERR_NON_FINITE, "+Inf in an allowed bias entry");
     f->bias[((1 * HQ + 3) * L + 2) * S + 4] = -INFINITY; /* blocks: fine */
     CHECK_OK(f, "-inf in a bias entry");
+    free(f);
+
+    /* A q row with no allowed key never enters out: its NaN is not inspected. */
+    f = fx_new();
+    f->opt.allow_mask = &f->m;
+    f->opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+    memset(&f->mask[((0 * HQ + 1) * L + 2) * S], 0, S);
+    f->q[((0 * HQ + 1) * L + 2) * E + 1] = NAN;
+    CHECK_OK(f, "NaN in a q row that has no allowed key");
+    for (int c = 0; c < EV; ++c) {
+        assert_true(f->out[((0 * HQ + 1) * L + 2) * EV + c] == 0.0f);
+    }
+    /* the same NaN in a row that has keys is reported */
+    f->mask[((0 * HQ + 1) * L + 2) * S + 3] = 1;
+    CHECK_FAIL(f, SDPA_ERR_NON_FINITE, "NaN in a q row with one allowed key");
+    free(f);
+}
+
+/* --------------------------------------------------------------- 0/1 flags */
+
+static void validation_skip_finite_check_must_be_0_or_1(void **state)
+{
+    (void)state;
+    fx *f = fx_new();
+    assert_int_equal(f->opt.skip_finite_check, 0); /* the default checks */
+    const int32_t bad[4] = {2, -1, 255, INT32_MIN};
+    for (int i = 0; i < 4; ++i) {
+        f->opt.skip_finite_check = bad[i];
+        CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "skip_finite_check not 0/1 (finite inputs)");
+        if (!strstr(sdpa_last_error_message(), "skip_finite_check")) {
+            fail_msg("message does not name skip_finite_check: \"%s\"", sdpa_last_error_message());
+        }
+    }
+    /* with a NaN input the flag is still rejected as a flag, not silently read as "skip" */
+    f->v[7] = NAN;
+    f->opt.skip_finite_check = 2;
+    CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "skip_finite_check 2 with NaN in v");
+    f->opt.skip_finite_check = 0;
+    CHECK_FAIL(f, SDPA_ERR_NON_FINITE, "skip_finite_check 0 with NaN in v");
+    f->opt.skip_finite_check = 1;
+    CHECK_OK(f, "skip_finite_check 1 with NaN in v");
+    free(f);
+}
+
+static void validation_sliding_window_must_be_0_or_1(void **state)
+{
+    (void)state;
+    fx *f = fx_new();
+    assert_int_equal(f->opt.sliding_window, 0); /* the default: no window */
+    const int32_t bad[4] = {2, -1, 7, INT32_MAX};
+    for (int i = 0; i < 4; ++i) {
+        f->opt.sliding_window = bad[i];
+        CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "sliding_window not 0/1");
+        if (!strstr(sdpa_last_error_message(), "sliding_window")) {
+            fail_msg("message does not name sliding_window: \"%s\"", sdpa_last_error_message());
+        }
+    }
+    f->opt.window_left = 1;
+    f->opt.window_right = 0;
+    f->opt.sliding_window = 2;
+    CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "sliding_window 2 with a window");
+    f->opt.sliding_window = 1;
+    CHECK_OK(f, "sliding_window 1 with a window");
+    f->opt.sliding_window = 0;
+    CHECK_OK(f, "sliding_window 0 with window sides set");
     free(f);
 }
 
@@ -976,8 +1082,6 @@ static void validation_view_constructors_reject_bad_input(void **state)
     sdpa_allow_mask m;
     uint8_t mb[8];
     assert_int_equal(sdpa_allow_mask_init(NULL, mb, 2, shape), SDPA_ERR_NULL_POINTER);
-    /* NULL data is accepted by the constructors (an empty view may have it); sdpa_attention
-     * rejects a non-empty view with NULL data (validation_null_pointers_are_rejected). */
     assert_int_equal(sdpa_allow_mask_init(&m, mb, 0, shape), SDPA_ERR_RANK);
     assert_int_equal(sdpa_allow_mask_init(&m, mb, 5, shape), SDPA_ERR_RANK);
     assert_int_equal(sdpa_allow_mask_init(&m, mb, 2, neg), SDPA_ERR_SHAPE);
@@ -985,6 +1089,51 @@ static void validation_view_constructors_reject_bad_input(void **state)
     assert_int_equal(m.strides[0], 4);
     assert_int_equal(m.strides[1], 1);
     assert_int_equal(m.reserved0, 0);
+}
+
+static void validation_view_constructors_reject_null_data_of_non_empty_views(void **state)
+{
+    (void)state;
+    /* sdpa.h: data may be NULL only if the view has no element. */
+    const int64_t full[3] = {2, 3, 4};
+    sdpa_tensor t;
+    sdpa_allow_mask m;
+    for (int32_t rank = 1; rank <= 3; ++rank) {
+        sdpa_status st = sdpa_tensor_init(&t, NULL, rank, full);
+        if (st != SDPA_ERR_NULL_POINTER) {
+            fail_msg("sdpa_tensor_init(NULL data, rank %d, non-empty): %s", (int)rank, sdpa_status_string(st));
+        }
+        assert_true(sdpa_last_error_message()[0] != '\0');
+        st = sdpa_allow_mask_init(&m, NULL, rank, full);
+        if (st != SDPA_ERR_NULL_POINTER) {
+            fail_msg("sdpa_allow_mask_init(NULL data, rank %d, non-empty): %s", (int)rank, sdpa_status_string(st));
+        }
+        assert_true(sdpa_last_error_message()[0] != '\0');
+    }
+    assert_int_equal(sdpa_tensor_init_4d(&t, NULL, 1, 1, 1, 1), SDPA_ERR_NULL_POINTER);
+    assert_int_equal(sdpa_tensor_init_3d(&t, NULL, 1, 2, 1), SDPA_ERR_NULL_POINTER);
+
+    /* an empty view (a zero anywhere in the shape, outermost or not) may have NULL data */
+    const int64_t empties[4][3] = {{0, 3, 4}, {2, 0, 4}, {2, 3, 0}, {0, 0, 0}};
+    for (int c = 0; c < 4; ++c) {
+        sdpa_status st = sdpa_tensor_init(&t, NULL, 3, empties[c]);
+        if (st != SDPA_OK) {
+            fail_msg("sdpa_tensor_init(NULL data, [%lld, %lld, %lld]): %s (\"%s\")", (long long)empties[c][0],
+                     (long long)empties[c][1], (long long)empties[c][2], sdpa_status_string(st),
+                     sdpa_last_error_message());
+        }
+        assert_null(t.data);
+        assert_int_equal(t.rank, 3);
+        st = sdpa_allow_mask_init(&m, NULL, 3, empties[c]);
+        if (st != SDPA_OK) {
+            fail_msg("sdpa_allow_mask_init(NULL data, [%lld, %lld, %lld]): %s (\"%s\")", (long long)empties[c][0],
+                     (long long)empties[c][1], (long long)empties[c][2], sdpa_status_string(st),
+                     sdpa_last_error_message());
+        }
+        assert_null(m.data);
+    }
+    assert_int_equal(sdpa_tensor_init_4d(&t, NULL, 3, 2, 0, 5), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_4d(&t, NULL, 3, 2, 5, 0), SDPA_OK);
 }
 
 int main(void)
@@ -999,6 +1148,7 @@ int main(void)
         cmocka_unit_test(validation_bad_output_strides_are_rejected),
         cmocka_unit_test(validation_overlapping_outputs_are_rejected),
         cmocka_unit_test(validation_output_overlapping_mask_is_rejected),
+        cmocka_unit_test(validation_overlap_is_checked_on_address_ranges),
         cmocka_unit_test(validation_output_stride_on_size_one_dim_is_free),
         cmocka_unit_test(validation_overflowing_shapes_are_rejected),
         cmocka_unit_test(validation_non_f32_dtype_is_rejected),
@@ -1015,11 +1165,14 @@ int main(void)
         cmocka_unit_test(validation_workspace_does_not_grow_with_l_times_s),
         cmocka_unit_test(validation_empty_row_error_names_the_row),
         cmocka_unit_test(validation_non_finite_inputs_are_rejected),
+        cmocka_unit_test(validation_skip_finite_check_must_be_0_or_1),
+        cmocka_unit_test(validation_sliding_window_must_be_0_or_1),
         cmocka_unit_test(validation_zero_head_width_is_rejected),
         cmocka_unit_test(validation_status_strings_name_every_code),
         cmocka_unit_test(validation_version_matches_header),
         cmocka_unit_test(validation_error_message_clears_on_success),
         cmocka_unit_test(validation_view_constructors_reject_bad_input),
+        cmocka_unit_test(validation_view_constructors_reject_null_data_of_non_empty_views),
         /* last: under UBSan with halt_on_error a misaligned access ends the process */
         cmocka_unit_test(validation_caller_workspace_at_odd_address_works),
     };

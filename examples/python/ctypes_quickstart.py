@@ -58,7 +58,9 @@ class SdpaAllowMask(ctypes.Structure):
 
 
 class SdpaOptions(ctypes.Structure):
-    """sdpa_options (0.1 layout). struct_size tells the library how much of it we know."""
+    """sdpa_options (0.1 layout), field for field in the header's order. struct_size tells the
+    library how much of it we know. Every default is the zero value (a fresh SdpaOptions() with
+    struct_size set means the defaults); the flags sliding_window and skip_finite_check take 0/1."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
         ("scale", ctypes.c_float),
@@ -66,29 +68,32 @@ class SdpaOptions(ctypes.Structure):
         ("causal", ctypes.c_int32),
         ("alignment", ctypes.c_int32),
         ("query_offsets", ctypes.POINTER(ctypes.c_int64)),
+        ("sliding_window", ctypes.c_int32),
+        ("empty_rows", ctypes.c_int32),
         ("window_left", ctypes.c_int64),
         ("window_right", ctypes.c_int64),
         ("allow_mask", ctypes.POINTER(SdpaAllowMask)),
         ("bias", ctypes.POINTER(SdpaTensor)),
         ("key_lengths", ctypes.POINTER(ctypes.c_int64)),
         ("query_lengths", ctypes.POINTER(ctypes.c_int64)),
-        ("empty_rows", ctypes.c_int32),
         ("weights_stage", ctypes.c_int32),
+        ("skip_finite_check", ctypes.c_int32),
         ("dropout_p", ctypes.c_float),
-        ("check_finite", ctypes.c_int32),
+        ("num_threads", ctypes.c_int32),
         ("dropout_seed", ctypes.c_uint64),
         ("dropout_offset", ctypes.c_uint64),
-        ("num_threads", ctypes.c_int32),
-        ("reserved0", ctypes.c_int32),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
     ]
 
 
-if ctypes.sizeof(ctypes.c_void_p) == 8:  # the sizes of the C structs on LP64
+if ctypes.sizeof(ctypes.c_void_p) == 8:  # the sizes and a few offsets of the C structs on LP64
     assert ctypes.sizeof(SdpaTensor) == 160
     assert ctypes.sizeof(SdpaAllowMask) == 80
     assert ctypes.sizeof(SdpaOptions) == 136
+    assert SdpaOptions.sliding_window.offset == 32 and SdpaOptions.window_left.offset == 40
+    assert SdpaOptions.weights_stage.offset == 88 and SdpaOptions.skip_finite_check.offset == 92
+    assert SdpaOptions.num_threads.offset == 100 and SdpaOptions.workspace_bytes.offset == 128
 
 
 class SdpaError(RuntimeError):
@@ -175,6 +180,28 @@ def default_options(lib):
     return options
 
 
+def mirror_problems(lib):
+    """What is wrong with this file's mirror of sdpa_options, judged by the defaults the library
+    writes: every field 0 but window_left = window_right = -1 (a field at the wrong offset shows)."""
+    options = SdpaOptions()
+    ctypes.memset(ctypes.byref(options), 0xAB, ctypes.sizeof(options))
+    lib.sdpa_options_init_sized(options, ctypes.sizeof(SdpaOptions))
+    problems = []
+    for name, ctype in SdpaOptions._fields_:
+        value = getattr(options, name)
+        if name == "struct_size":
+            want = ctypes.sizeof(SdpaOptions)
+        elif name in ("window_left", "window_right"):
+            want = -1
+        else:
+            want = None if issubclass(ctype, (ctypes._Pointer, ctypes.c_void_p)) else 0
+        if isinstance(value, ctypes._Pointer):
+            value = ctypes.cast(value, ctypes.c_void_p).value
+        if value != want:
+            problems.append(f"{name} = {value!r}, expected {want!r}")
+    return problems
+
+
 def attention(lib, q, k, v, out, causal=False, alignment=SDPA_ALIGN_TOP_LEFT):
     """out <- softmax(q k^T / sqrt(E), masked) v. Raises SdpaError; `out` is untouched then."""
     options = default_options(lib)
@@ -194,6 +221,11 @@ def main():
     print(f"loaded {path} ({origin}): libsdpa {lib.sdpa_version_string().decode()}")
     if version < SDPA_VERSION_NUMBER or version // 1000000 != SDPA_VERSION_NUMBER // 1000000:
         print(f"FAIL: library version {version} is not compatible with 0.1 ({SDPA_VERSION_NUMBER})")
+        return 1
+
+    problems = mirror_problems(lib)
+    if problems:
+        print("FAIL: SdpaOptions does not mirror sdpa_options: " + "; ".join(problems))
         return 1
 
     # The causal 3x3 case: q = k = 0, so query i averages v[0..i] = [2, 4, 8].

@@ -74,6 +74,7 @@ typedef struct onnx_case {
     double softcap;
     int64_t qk_mode;
     int64_t q_num_heads, kv_num_heads; /* 0 = absent */
+    int has_window; /* left_window_size or right_window_size given */
     int64_t window_left, window_right;
     int64_t softmax_precision; /* 0 = absent */
     int any_f16;
@@ -301,8 +302,10 @@ static int read_attributes(const cJSON *meta, onnx_case *c, char *err, size_t er
             bad = conf_json_int(it, 1, INT32_MAX, &c->kv_num_heads) != 0;
         } else if (strcmp(k, "left_window_size") == 0) {
             bad = conf_json_int(it, -1, INT64_MAX / 2, &c->window_left) != 0;
+            c->has_window = 1;
         } else if (strcmp(k, "right_window_size") == 0) {
             bad = conf_json_int(it, -1, INT64_MAX / 2, &c->window_right) != 0;
+            c->has_window = 1;
         } else if (strcmp(k, "softmax_precision") == 0) {
             /* 1 float, 10 fp16, 11 double, 16 bf16: libsdpa's softmax is float32 throughout. */
             bad = conf_json_int(it, 0, 64, &c->softmax_precision) != 0;
@@ -576,6 +579,9 @@ static int run_case(const char *case_dir, const char *name)
         opt.scale = (float)c.scale;
     opt.softcap = (float)c.softcap;
     opt.causal = c.is_causal;
+    /* libsdpa applies window_left/right only with sliding_window = 1 (the zero default is no
+     * window); -1 on a side stays unbounded, as in ONNX. */
+    opt.sliding_window = c.has_window;
     opt.window_left = c.window_left;
     opt.window_right = c.window_right;
     opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;

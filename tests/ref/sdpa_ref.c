@@ -13,7 +13,6 @@ void ref_problem_init(ref_problem *p)
     memset(p, 0, sizeof *p);
     p->window_left = -1;
     p->window_right = -1;
-    p->check_finite = 1;
 }
 
 void ref_view_contiguous4(ref_view *view, const double *data, int64_t d0, int64_t d1, int64_t d2,
@@ -70,8 +69,10 @@ static int64_t aligned_position(const ref_problem *p, int64_t b, int64_t i)
 {
     switch (p->alignment) {
     case REF_ALIGN_BOTTOM_RIGHT: {
+        /* The last valid query of each sequence sees every valid key (FlashAttention varlen). */
         int64_t sb = p->key_lengths ? p->key_lengths[b] : p->S;
-        return i + sb - p->L;
+        int64_t lb = p->query_lengths ? p->query_lengths[b] : p->L;
+        return i + sb - lb;
     }
     case REF_ALIGN_OFFSETS:
         return i + p->query_offsets[b];
@@ -92,10 +93,10 @@ int ref_structurally_allowed(const ref_problem *p, int64_t b, int64_t h, int64_t
     if (p->causal && j > pos) {
         return 0;
     }
-    if (p->window_left >= 0 && j < pos - p->window_left) {
+    if (p->sliding_window && p->window_left >= 0 && j < pos - p->window_left) {
         return 0;
     }
-    if (p->window_right >= 0 && j > pos + p->window_right) {
+    if (p->sliding_window && p->window_right >= 0 && j > pos + p->window_right) {
         return 0;
     }
     return 1;
@@ -174,14 +175,6 @@ ref_report ref_attention(const ref_problem *p, double *out, double *weights, dou
                     continue;
                 }
 
-                if (p->check_finite) {
-                    for (int64_t e = 0; e < p->E; ++e) {
-                        if (!isfinite(at4(&p->q, b, h, i, e))) {
-                            nonfinite = 1;
-                        }
-                    }
-                }
-
                 const int every_pair = p->weights_stage == REF_W_SCORES ||
                                        p->weights_stage == REF_W_SOFTCAPPED;
                 int64_t n_allowed = 0;
@@ -202,12 +195,12 @@ ref_report ref_attention(const ref_problem *p, double *out, double *weights, dou
                         if (bv == -INFINITY) {
                             continue;
                         }
-                        if (p->check_finite && !isfinite(bv)) {
+                        if (!p->skip_finite_check && !isfinite(bv)) {
                             nonfinite = 1;
                         }
                         s += bv;
                     }
-                    if (p->check_finite) {
+                    if (!p->skip_finite_check) {
                         for (int64_t e = 0; e < p->E; ++e) {
                             if (!isfinite(at4(&p->k, b, g, j, e))) {
                                 nonfinite = 1;
@@ -222,6 +215,15 @@ ref_report ref_attention(const ref_problem *p, double *out, double *weights, dou
                     allowed[j] = 1;
                     score[j] = s;
                     ++n_allowed;
+                }
+
+                /* A q row enters out only if the row has an allowed key. */
+                if (n_allowed > 0 && !p->skip_finite_check) {
+                    for (int64_t e = 0; e < p->E; ++e) {
+                        if (!isfinite(at4(&p->q, b, h, i, e))) {
+                            nonfinite = 1;
+                        }
+                    }
                 }
 
                 if (n_allowed == 0) {

@@ -18,7 +18,7 @@
 enum {
     REF_OK = 0,
     REF_EMPTY_ROW = 1,  /* a non-padding row has no allowed key under policy ERROR */
-    REF_NON_FINITE = 2, /* check_finite and a read value is NaN/Inf */
+    REF_NON_FINITE = 2, /* finite check on and a value that enters out is NaN/Inf */
 };
 
 /* Weights stages (same numbering as sdpa_weights_stage). */
@@ -57,8 +57,9 @@ typedef struct ref_problem {
     const ref_mask *mask;      /* nullable */
 
     int causal;
-    int alignment;
+    int alignment;                /* BOTTOM_RIGHT: p = i + S_b - L_b (S_b, L_b: key/query lengths or S, L) */
     const int64_t *query_offsets; /* [B], used with REF_ALIGN_OFFSETS */
+    int sliding_window;           /* 0 = no window (window_* ignored), 1 = apply the window */
     int64_t window_left;          /* -1 = unbounded */
     int64_t window_right;         /* -1 = unbounded */
     const int64_t *key_lengths;   /* [B], nullable */
@@ -66,7 +67,9 @@ typedef struct ref_problem {
 
     int empty_rows_zero; /* 0 = ERROR policy, 1 = ZERO policy */
     int weights_stage;   /* REF_W_* */
-    int check_finite;
+    /* 0 = report NaN/Inf in q rows that have an allowed key, K/V rows some allowed pair reads
+     * and allowed bias entries; 1 = skip that check. */
+    int skip_finite_check;
 } ref_problem;
 
 typedef struct ref_report {
@@ -75,7 +78,8 @@ typedef struct ref_report {
     int64_t empty_rows;                 /* number of non-padding rows with no allowed key */
 } ref_report;
 
-/* Fill problem defaults: window -1/-1, everything else 0/NULL, check_finite 1. */
+/* Fill problem defaults: window -1/-1 (and sliding_window 0), everything else 0/NULL (so the
+ * finite check is on). */
 void ref_problem_init(ref_problem *p);
 
 /* Set a contiguous rank-4 view. */
@@ -97,7 +101,7 @@ ref_report ref_attention(const ref_problem *p, double *out, double *weights, dou
                          uint8_t *row_kind);
 
 /* Element-wise allow decision for (b, h, i, j) ignoring the bias: mask, causal, key lengths
- * and window. Exposed for tests that build expectations by hand. */
+ * and window (only with sliding_window). Exposed for tests that build expectations by hand. */
 int ref_structurally_allowed(const ref_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
 
 #endif /* SDPA_REF_H */
