@@ -1,13 +1,25 @@
-/* The reference kernel: for each (batch, head, block of query rows) one score tile
- * [rows, keys] from the matmul core, then a masked softmax per row and P.V over allowed keys
- * only (a blocked key's V row is never multiplied, so NaN there cannot leak).
- * Extra memory: one tile of row_block x S floats, not B*H*L*S. */
+/* The reference kernel. For each (batch, head, block of query rows):
+ *   1. one score tile [rows, keys] from the matmul core (keys: the union of the rows'
+ *      structural ranges, every key when `weights` holds raw scores);
+ *   2. per row: softcap, bias, the allowed set, a masked softmax into probabilities
+ *      (exact 0 where blocked), lse and the requested weights;
+ *   3. out = P.V through the matmul core. A key whose probability is 0 in every row of the
+ *      block (blocked, or outside some rows' ranges) is never read: if there is one, the V
+ *      rows of the range are gathered into the workspace with such rows replaced by zeros,
+ *      so a NaN stored there cannot reach out (0 * NaN would). Which path runs depends on
+ *      the probabilities only, never on the values stored in blocked rows, so those values
+ *      cannot change a single bit of the result.
+ * Extra memory: tiles of row_block x S and row_block x Ev floats and S x Ev floats of
+ * gathered V, never B*H*L*S. */
 #include "internal.h"
 
 #include <math.h>
 #include <string.h>
 
 #define ALIGN_UP(x) (((x) + 63u) & ~(size_t)63u)
+
+/* Row states after step 2. */
+enum { ROW_PV = 0, ROW_DONE = 1 };
 
 /* Add with saturation to SIZE_MAX (an overflowed size is reported by the caller). */
 static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
@@ -26,17 +38,40 @@ static sdpa__mat kt_block(const sdpa__plan *p, int64_t b, int64_t g, int64_t j0,
     return m;
 }
 
-size_t sdpa__reference_workspace_bytes(const sdpa__plan *p) {
-    size_t rb = (size_t)p->row_block, S = (size_t)p->S;
-    sdpa__mat a = q_block(p, 0, 0, 0, p->row_block);
-    sdpa__mat kt = kt_block(p, 0, 0, 0, p->S);
-    size_t n = ALIGN_UP(S);                                        /* row flags (and check_values) */
-    n = add_sat(n, ALIGN_UP(mul_sat(mul_sat(rb, S), sizeof(float)))); /* score tile */
-    n = add_sat(n, ALIGN_UP((size_t)p->Ev * sizeof(double)));          /* P.V accumulator */
-    n = add_sat(n, mul_sat(add_sat(sdpa__matmul_pack_floats(&a), sdpa__matmul_pack_floats(&kt)), sizeof(float)));
-    return n;
+/* V restricted to keys [j0, j0 + n): a logical [n, Ev] matrix. */
+static sdpa__mat v_block(const sdpa__plan *p, int64_t b, int64_t g, int64_t j0, int64_t n) {
+    sdpa__mat m = {p->v.data + b * p->v.strides[0] + g * p->v.strides[1] + j0 * p->v.strides[2], n, p->Ev,
+                   p->v.strides[2], p->v.strides[3]};
+    return m;
 }
 
+/* Workspace layout, in this order, each part 64-byte aligned. */
+typedef struct layout {
+    size_t flags, tile, otile, state, acc, vgather, pack, total;
+} layout;
+
+static layout make_layout(const sdpa__plan *p) {
+    const size_t rb = (size_t)p->row_block, S = (size_t)p->S, Ev = (size_t)p->Ev;
+    const sdpa__mat a = q_block(p, 0, 0, 0, p->row_block), kt = kt_block(p, 0, 0, 0, p->S),
+                    vb = v_block(p, 0, 0, 0, p->S);
+    const size_t pack_scores = add_sat(sdpa__matmul_pack_floats(&a), sdpa__matmul_pack_floats(&kt));
+    const size_t pack_pv = sdpa__matmul_pack_floats(&vb); /* the gathered copy never needs packing */
+    layout l;
+    l.flags = 0;                                                            /* S bytes (also check_values) */
+    l.tile = ALIGN_UP(S);                                                   /* scores, then probabilities */
+    l.otile = add_sat(l.tile, ALIGN_UP(mul_sat(mul_sat(rb, S), sizeof(float))));
+    l.state = add_sat(l.otile, ALIGN_UP(mul_sat(mul_sat(rb, Ev), sizeof(float))));
+    l.acc = add_sat(l.state, ALIGN_UP(rb));
+    l.vgather = add_sat(l.acc, ALIGN_UP(mul_sat(Ev, sizeof(double))));
+    l.pack = add_sat(l.vgather, ALIGN_UP(mul_sat(mul_sat(S, Ev), sizeof(float))));
+    l.total = add_sat(l.pack, mul_sat(pack_scores > pack_pv ? pack_scores : pack_pv, sizeof(float)));
+    return l;
+}
+
+size_t sdpa__reference_workspace_bytes(const sdpa__plan *p) { return make_layout(p).total; }
+
+/* weights row over all S keys: s[j - jlo] inside [jlo, jhi) (only where allowed if
+ * masked_fill), `fill` elsewhere. */
 static void write_weights_row(const sdpa__plan *p, float *w, const float *s, const uint8_t *allowed,
                               int64_t jlo, int64_t jhi, float fill, bool masked_fill) {
     const int64_t ws = p->weights.strides[3];
@@ -46,6 +81,11 @@ static void write_weights_row(const sdpa__plan *p, float *w, const float *s, con
             x = s[j - jlo];
         w[j * ws] = x;
     }
+}
+
+static void zero_row(float *row, int64_t n, int64_t stride) {
+    for (int64_t d = 0; d < n; ++d)
+        row[d * stride] = 0.0f;
 }
 
 /* Score of allowed pair (i, j) in double precision: scale, softcap, bias. */
@@ -95,25 +135,90 @@ static void row_in_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, 
                 j >= jlo && j < jhi && allowed[j - jlo] ? (float)(exp(score_double(p, b, h, i, j) - mx) / sum) : 0.0f;
 }
 
-sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_bytes) {
-    (void)ws_bytes;
-    unsigned char *ws = (unsigned char *)ws_raw;
-    const size_t S = (size_t)p->S;
-    uint8_t *allowed = ws;
-    float *tile = (float *)(ws + ALIGN_UP(S));
-    double *acc = (double *)((unsigned char *)tile + ALIGN_UP((size_t)p->row_block * S * sizeof(float)));
-    float *pack = (float *)((unsigned char *)acc + ALIGN_UP((size_t)p->Ev * sizeof(double)));
-    const bool score_stage = p->has_weights && p->weights_stage != SDPA_WEIGHTS_PROBABILITIES;
+/* Step 2 for row i: turns its scores s[0, n) (keys jlo + [0, n)) into probabilities, exact 0
+ * where blocked, writes lse and weights, and returns ROW_PV if out still needs P.V, or
+ * ROW_DONE if the row is complete (padding, empty, or redone in double). */
+static int softmax_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, float *s, int64_t jlo, int64_t n,
+                       uint8_t *allowed, double *acc, float *orow, float *wrow, float *lrow) {
+    const int64_t jhi = jlo + n;
+    if (sdpa__row_is_padding(p, b, i)) {
+        zero_row(orow, p->Ev, p->out.strides[3]);
+        if (wrow)
+            zero_row(wrow, p->S, p->weights.strides[3]);
+        if (lrow)
+            *lrow = -INFINITY;
+        return ROW_DONE;
+    }
+    int64_t lo, hi;
+    sdpa__row_range(p, b, i, &lo, &hi);
+    if (wrow && p->weights_stage == SDPA_WEIGHTS_SCORES)
+        write_weights_row(p, wrow, s, allowed, jlo, jhi, 0.0f, false);
     const float c = p->softcap;
+    if (c > 0.0f)
+        for (int64_t j = 0; j < n; ++j)
+            s[j] = c * tanhf(s[j] / c);
+    if (wrow && p->weights_stage == SDPA_WEIGHTS_SOFTCAPPED)
+        write_weights_row(p, wrow, s, allowed, jlo, jhi, 0.0f, false);
+    /* Allowed flags over [jlo, jhi); bias is read and added where allowed only. */
+    const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
+    bool any = false, overflow = false;
+    for (int64_t j = jlo; j < jhi; ++j) {
+        bool ok = j >= lo && j < hi && (!p->has_mask || sdpa__mask_allows(p, b, h, i, j));
+        if (ok && brow) {
+            const float bv = brow[j * p->bias.strides[3]];
+            if (bv == -INFINITY)
+                ok = false;
+            else
+                s[j - jlo] += bv;
+        }
+        allowed[j - jlo] = ok;
+        any = any || ok;
+        overflow = overflow || (ok && !isfinite(s[j - jlo]));
+    }
+    if (wrow && p->weights_stage == SDPA_WEIGHTS_MASKED)
+        write_weights_row(p, wrow, s, allowed, jlo, jhi, -INFINITY, true);
+    if (!any) { /* policy ZERO (ERROR was rejected before any write) */
+        zero_row(orow, p->Ev, p->out.strides[3]);
+        if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
+            zero_row(wrow, p->S, p->weights.strides[3]);
+        if (lrow)
+            *lrow = -INFINITY;
+        return ROW_DONE;
+    }
+    if (overflow) { /* a float32 score overflowed: redo this row in double */
+        row_in_double(p, b, h, i, allowed, jlo, jhi, acc, orow, wrow, lrow);
+        return ROW_DONE;
+    }
+    const float mx = sdpa__masked_max(s, allowed, n);
+    const double sum = sdpa__masked_exp_sum(s, allowed, n, mx); /* s[j] = exp(s[j] - mx), 0 if blocked */
+    const float inv = (float)(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j)
+        s[j] *= inv;
+    if (lrow)
+        *lrow = (float)((double)mx + log(sum));
+    if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
+        write_weights_row(p, wrow, s, allowed, jlo, jhi, 0.0f, false);
+    return ROW_PV;
+}
+
+sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_bytes) {
+    const layout l = make_layout(p);
+    if (ws_bytes < l.total)
+        return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: internal workspace of %zu bytes is below %zu", ws_bytes,
+                          l.total);
+    unsigned char *ws = (unsigned char *)ws_raw;
+    uint8_t *allowed = ws + l.flags, *state = ws + l.state;
+    float *tile = (float *)(ws + l.tile), *otile = (float *)(ws + l.otile), *pack = (float *)(ws + l.pack);
+    float *vgather = (float *)(ws + l.vgather);
+    double *acc = (double *)(ws + l.acc);
+    const bool score_stage = p->has_weights && p->weights_stage != SDPA_WEIGHTS_PROBABILITIES;
 
     for (int64_t b = 0; b < p->B; ++b) {
         for (int64_t h = 0; h < p->Hq; ++h) {
             const int64_t g = h / p->group;
-            const float *vbase = p->v.data + b * p->v.strides[0] + g * p->v.strides[1];
             for (int64_t i0 = 0; i0 < p->L; i0 += p->row_block) {
                 const int64_t rows = p->L - i0 < p->row_block ? p->L - i0 : p->row_block;
-                /* Keys the block can need: the union of the rows' structural ranges
-                 * (every key when the weights hold raw scores). */
+                /* Keys the block can need: the union of the rows' structural ranges. */
                 int64_t jlo = p->S, jhi = 0;
                 for (int64_t r = 0; r < rows; ++r) {
                     int64_t lo, hi;
@@ -131,10 +236,11 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                 }
                 const int64_t n = jhi > jlo ? jhi - jlo : 0;
                 if (n > 0) {
-                    sdpa__mat a = q_block(p, b, h, i0, rows), kt = kt_block(p, b, g, jlo, n);
+                    const sdpa__mat a = q_block(p, b, h, i0, rows), kt = kt_block(p, b, g, jlo, n);
                     sdpa__mat t = {tile, rows, n, n, 1};
                     sdpa__matmul(&a, &kt, p->scale, 0.0f, &t, pack);
                 }
+                bool need_pv = false;
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t i = i0 + r;
                     float *orow = p->out.data + b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2];
@@ -143,83 +249,41 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                                                  : NULL;
                     float *lrow = p->has_lse ? p->lse + b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]
                                              : NULL;
-                    if (sdpa__row_is_padding(p, b, i)) {
+                    state[r] = (uint8_t)softmax_row(p, b, h, i, tile + r * n, jlo, n, allowed, acc, orow, wrow, lrow);
+                    if (state[r] == ROW_DONE)
+                        memset(tile + r * n, 0, (size_t)n * sizeof(float)); /* no contribution to P.V */
+                    else
+                        need_pv = true;
+                }
+                if (!need_pv || p->Ev == 0)
+                    continue;
+                /* Keys with a nonzero probability in some row of the block. */
+                uint8_t *used = allowed;
+                memset(used, 0, (size_t)n);
+                bool all_used = true;
+                for (int64_t j = 0; j < n; ++j) {
+                    for (int64_t r = 0; r < rows && !used[j]; ++r)
+                        used[j] = tile[r * n + j] != 0.0f;
+                    all_used = all_used && used[j];
+                }
+                sdpa__mat vb = v_block(p, b, g, jlo, n);
+                if (!all_used) { /* gather, zeros for the keys nothing uses: they are never read */
+                    for (int64_t j = 0; j < n; ++j)
                         for (int64_t d = 0; d < p->Ev; ++d)
-                            orow[d * p->out.strides[3]] = 0.0f;
-                        if (wrow)
-                            for (int64_t j = 0; j < p->S; ++j)
-                                wrow[j * p->weights.strides[3]] = 0.0f;
-                        if (lrow)
-                            *lrow = -INFINITY;
+                            vgather[j * p->Ev + d] = used[j] ? vb.data[j * vb.row_stride + d * vb.col_stride] : 0.0f;
+                    const sdpa__mat gathered = {vgather, n, p->Ev, p->Ev, 1};
+                    vb = gathered;
+                }
+                const sdpa__mat pm = {tile, rows, n, n, 1};
+                sdpa__mat o = {otile, rows, p->Ev, p->Ev, 1};
+                sdpa__matmul(&pm, &vb, 1.0f, 0.0f, &o, pack);
+                for (int64_t r = 0; r < rows; ++r) {
+                    if (state[r] != ROW_PV)
                         continue;
-                    }
-                    float *s = tile + r * n; /* s[j - jlo] */
-                    int64_t lo, hi;
-                    sdpa__row_range(p, b, i, &lo, &hi);
-                    if (wrow && p->weights_stage == SDPA_WEIGHTS_SCORES)
-                        write_weights_row(p, wrow, s, allowed, jlo, jhi, 0.0f, false);
-                    if (c > 0.0f)
-                        for (int64_t j = 0; j < n; ++j)
-                            s[j] = c * tanhf(s[j] / c);
-                    if (wrow && p->weights_stage == SDPA_WEIGHTS_SOFTCAPPED)
-                        write_weights_row(p, wrow, s, allowed, jlo, jhi, 0.0f, false);
-                    /* Allowed flags over [jlo, jhi); bias added where allowed only. */
-                    const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
-                    bool any = false, overflow = false;
-                    for (int64_t j = jlo; j < jhi; ++j) {
-                        bool ok = j >= lo && j < hi && (!p->has_mask || sdpa__mask_allows(p, b, h, i, j));
-                        if (ok && brow) {
-                            float bv = brow[j * p->bias.strides[3]];
-                            if (bv == -INFINITY)
-                                ok = false;
-                            else
-                                s[j - jlo] += bv;
-                        }
-                        allowed[j - jlo] = ok;
-                        any = any || ok;
-                        overflow = overflow || (ok && !isfinite(s[j - jlo]));
-                    }
-                    if (wrow && p->weights_stage == SDPA_WEIGHTS_MASKED)
-                        write_weights_row(p, wrow, s, allowed, jlo, jhi, -INFINITY, true);
-                    if (!any) { /* policy ZERO (ERROR was rejected before any write) */
-                        for (int64_t d = 0; d < p->Ev; ++d)
-                            orow[d * p->out.strides[3]] = 0.0f;
-                        if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
-                            for (int64_t j = 0; j < p->S; ++j)
-                                wrow[j * p->weights.strides[3]] = 0.0f;
-                        if (lrow)
-                            *lrow = -INFINITY;
-                        continue;
-                    }
-                    if (overflow) { /* a float32 score overflowed: redo this row in double */
-                        row_in_double(p, b, h, i, allowed, jlo, jhi, acc, orow, wrow, lrow);
-                        continue;
-                    }
-                    const float mx = sdpa__masked_max(s, allowed, n);
-                    const double sum = sdpa__masked_exp_sum(s, allowed, n, mx);
-                    const float inv = (float)(1.0 / sum);
-                    memset(acc, 0, (size_t)p->Ev * sizeof(double));
-                    for (int64_t j = jlo; j < jhi; ++j) {
-                        if (!allowed[j - jlo])
-                            continue;
-                        const float e = s[j - jlo];
-                        const float *vrow = vbase + j * p->v.strides[2];
-                        if (p->v.strides[3] == 1)
-                            for (int64_t d = 0; d < p->Ev; ++d)
-                                acc[d] += (double)e * vrow[d];
-                        else
-                            for (int64_t d = 0; d < p->Ev; ++d)
-                                acc[d] += (double)e * vrow[d * p->v.strides[3]];
-                    }
+                    float *orow =
+                        p->out.data + b * p->out.strides[0] + h * p->out.strides[1] + (i0 + r) * p->out.strides[2];
                     for (int64_t d = 0; d < p->Ev; ++d)
-                        orow[d * p->out.strides[3]] = (float)(acc[d] * inv);
-                    if (lrow)
-                        *lrow = (float)((double)mx + log(sum));
-                    if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES) {
-                        for (int64_t j = jlo; j < jhi; ++j)
-                            s[j - jlo] = allowed[j - jlo] ? s[j - jlo] * inv : 0.0f;
-                        write_weights_row(p, wrow, s, allowed, jlo, jhi, 0.0f, false);
-                    }
+                        orow[d * p->out.strides[3]] = otile[r * p->Ev + d];
                 }
             }
         }
