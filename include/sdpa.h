@@ -130,7 +130,8 @@ SDPA_API const char *sdpa_last_error_message(void);
 
 /**
  * @return the name of the kernel that computed the last successful sdpa_attention() on the
- *         calling thread ("reference" in 0.1), or "" if none ran. Thread-local, static string.
+ *         calling thread ("reference" in 0.1; "none" when the call had no query row), or ""
+ *         if none ran. Thread-local, static string.
  */
 SDPA_API const char *sdpa_last_kernel(void);
 
@@ -316,7 +317,8 @@ typedef struct sdpa_options {
     uint64_t dropout_offset;
 
     /** Caller workspace (nullable): at least sdpa_attention_workspace_size() bytes, any
-     *  alignment. NULL = the library allocates what it needs and frees it before returning. */
+     *  alignment, overlapping no input or output (SDPA_ERR_OVERLAP). NULL = the library
+     *  allocates what it needs and frees it before returning. */
     void *workspace;
     size_t workspace_bytes; /**< size of workspace in bytes */
 } sdpa_options;
@@ -364,8 +366,9 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *   The weights stages SCORES and SOFTCAPPED hold the score of every pair, blocked ones
  *   included (ONNX qk_matmul_output modes 0 and 1): only for them are blocked K rows read,
  *   and they are not covered by the finite check.
- *   Scores that overflow float32 (finite inputs, |scale q.k| > 3.4e38) are recomputed for that
- *   row in double precision, so finite inputs never give NaN in out.
+ *   A row that float32 cannot carry although its inputs are finite (a score q.k or the
+ *   P.V sum overflows) is recomputed in double precision, so finite inputs never give NaN or
+ *   Inf in out; score-stage weights entries are recomputed the same way.
  *
  * Validation runs completely before any output byte is written; on failure every output
  * is untouched and sdpa_last_error_message() names the argument, axis and values.
@@ -383,7 +386,8 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @retval SDPA_ERR_SHAPE          B, H, E, S or Ev disagree; Hq % Hkv != 0; weights/lse shape
  * @retval SDPA_ERR_BROADCAST      allow-mask or bias not broadcastable to [B, Hq, L, S]
  * @retval SDPA_ERR_STRIDE         output stride <= 0 on a dimension of size > 1, or self-overlap
- * @retval SDPA_ERR_OVERLAP        an output overlaps an input or another output
+ * @retval SDPA_ERR_OVERLAP        an output overlaps an input, another output or the workspace,
+ *                                 or the workspace overlaps an input
  * @retval SDPA_ERR_SIZE_OVERFLOW  shape products overflow
  * @retval SDPA_ERR_EMPTY_DIMENSION E == 0
  * @retval SDPA_ERR_DTYPE          a view that is not float32

@@ -11,8 +11,10 @@ static const char FN[] = "sdpa_attention";
 /* The v1 layout ends with workspace_bytes; struct_size may not be smaller. */
 #define SDPA__OPTIONS_V1_SIZE (offsetof(sdpa_options, workspace_bytes) + sizeof(size_t))
 #define SDPA__STRUCT_SIZE_MAX 4096
-/* Bounds that keep position arithmetic (offset + i + window) inside int64_t. */
+/* Bounds that keep position arithmetic (offset + i +- window) inside int64_t: offsets are
+ * limited to 2^61, and a window wider than 2^62 is unbounded (|p - j| < 2^62 always). */
 #define SDPA__MAX_OFFSET ((int64_t)1 << 61)
+#define SDPA__MAX_WINDOW ((int64_t)1 << 62)
 
 SDPA_API void sdpa_options_init_sized(sdpa_options *options, size_t struct_size) {
     if (options == NULL || struct_size < sizeof(size_t))
@@ -259,7 +261,7 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
 
     /* Outputs must not overlap inputs or each other. */
     if (!for_size) {
-        struct { const char *name; sdpa__span s; } in[7], outs[3];
+        struct { const char *name; sdpa__span s; } in[9], outs[3];
         int nin = 0, nout = 0;
         in[nin].name = "query"; in[nin++].s = sdpa__tensor_span(q);
         in[nin].name = "key"; in[nin++].s = sdpa__tensor_span(k);
@@ -275,6 +277,16 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
             in[nin].name = "query_lengths";
             in[nin].s.lo = (uintptr_t)o->query_lengths;
             in[nin++].s.hi = (uintptr_t)(o->query_lengths + p->B);
+        }
+        if (o->alignment == SDPA_ALIGN_OFFSETS && p->B > 0) {
+            in[nin].name = "query_offsets";
+            in[nin].s.lo = (uintptr_t)o->query_offsets;
+            in[nin++].s.hi = (uintptr_t)(o->query_offsets + p->B);
+        }
+        if (o->workspace && o->workspace_bytes > 0) { /* scratch: it must not alias an output either */
+            in[nin].name = "workspace";
+            in[nin].s.lo = (uintptr_t)o->workspace;
+            in[nin++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
         }
         outs[nout].name = "out"; outs[nout++].s = sdpa__tensor_span(out);
         if (weights) { outs[nout].name = "weights"; outs[nout++].s = sdpa__tensor_span(weights); }
@@ -295,9 +307,9 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
     p->causal = o->causal;
     p->alignment = o->alignment;
     p->query_offsets = o->query_offsets;
-    /* Without sliding_window both sides are unbounded; windows beyond 2^61 are too. */
-    p->window_left = !o->sliding_window || o->window_left > SDPA__MAX_OFFSET ? -1 : o->window_left;
-    p->window_right = !o->sliding_window || o->window_right > SDPA__MAX_OFFSET ? -1 : o->window_right;
+    /* Without sliding_window both sides are unbounded; windows beyond 2^62 are too. */
+    p->window_left = !o->sliding_window || o->window_left > SDPA__MAX_WINDOW ? -1 : o->window_left;
+    p->window_right = !o->sliding_window || o->window_right > SDPA__MAX_WINDOW ? -1 : o->window_right;
     p->key_lengths = o->key_lengths;
     p->query_lengths = o->query_lengths;
     p->empty_rows = o->empty_rows;
@@ -381,7 +393,7 @@ static sdpa_status check_values(const sdpa__plan *p, uint8_t *used) {
                     }
                     /* A query row with no allowed key is never read, so it is not inspected. */
                     if (any && p->check_finite &&
-                        !row_finite(p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2], p->E,
+                        !row_finite(p->q.data + (b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2]), p->E,
                                     p->q.strides[3]))
                         return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: query row (b=%lld,h=%lld,i=%lld) holds NaN or Inf", FN,
                                           (long long)b, (long long)h, (long long)i);
@@ -400,7 +412,7 @@ static sdpa_status check_values(const sdpa__plan *p, uint8_t *used) {
                                 p->k.strides[3]))
                     return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: key row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended",
                                       FN, (long long)b, (long long)g, (long long)j);
-                if (!row_finite(p->v.data + b * p->v.strides[0] + g * p->v.strides[1] + j * p->v.strides[2], p->Ev,
+                if (p->Ev > 0 && !row_finite(p->v.data + b * p->v.strides[0] + g * p->v.strides[1] + j * p->v.strides[2], p->Ev,
                                 p->v.strides[3]))
                     return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: value row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended",
                                       FN, (long long)b, (long long)g, (long long)j);
@@ -449,13 +461,16 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, 
     size_t need = workspace_bytes(&p);
     if (need == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", FN);
+    if (o.workspace != NULL && o.workspace_bytes < need)
+        return sdpa__fail(SDPA_ERR_WORKSPACE_TOO_SMALL,
+                          "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
+                          FN, o.workspace_bytes, need);
+    if (p.B == 0 || p.Hq == 0 || p.L == 0) { /* no query row: nothing to check or write */
+        sdpa__set_kernel("none");
+        return SDPA_OK;
+    }
     void *ws = o.workspace, *owned = NULL;
-    if (ws != NULL) {
-        if (o.workspace_bytes < need)
-            return sdpa__fail(SDPA_ERR_WORKSPACE_TOO_SMALL,
-                              "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
-                              FN, o.workspace_bytes, need);
-    } else if (need > 0) {
+    if (ws == NULL) {
         owned = ws = malloc(need);
         if (ws == NULL)
             return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", FN, need);

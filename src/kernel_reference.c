@@ -20,27 +20,32 @@
 
 /* Row states after step 2. */
 enum { ROW_PV = 0, ROW_DONE = 1 };
+/* Per-key flags of the row being processed (S bytes of workspace). */
+enum { KEY_ALLOWED = 1, KEY_RAW_NOT_FINITE = 2 };
 
 /* Add with saturation to SIZE_MAX (an overflowed size is reported by the caller). */
 static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
 static size_t mul_sat(size_t a, size_t b) { return (b != 0 && a > SIZE_MAX / b) ? SIZE_MAX : a * b; }
 
+/* base + off, without arithmetic on the NULL data of an empty view. */
+static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
+
 static sdpa__mat q_block(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows) {
-    sdpa__mat m = {p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i0 * p->q.strides[2], rows, p->E,
+    sdpa__mat m = {at(p->q.data, b * p->q.strides[0] + h * p->q.strides[1] + i0 * p->q.strides[2]), rows, p->E,
                    p->q.strides[2], p->q.strides[3]};
     return m;
 }
 
 /* K^T restricted to keys [j0, j0 + n): a logical [E, n] matrix. */
 static sdpa__mat kt_block(const sdpa__plan *p, int64_t b, int64_t g, int64_t j0, int64_t n) {
-    sdpa__mat m = {p->k.data + b * p->k.strides[0] + g * p->k.strides[1] + j0 * p->k.strides[2], p->E, n,
+    sdpa__mat m = {at(p->k.data, b * p->k.strides[0] + g * p->k.strides[1] + j0 * p->k.strides[2]), p->E, n,
                    p->k.strides[3], p->k.strides[2]};
     return m;
 }
 
 /* V restricted to keys [j0, j0 + n): a logical [n, Ev] matrix. */
 static sdpa__mat v_block(const sdpa__plan *p, int64_t b, int64_t g, int64_t j0, int64_t n) {
-    sdpa__mat m = {p->v.data + b * p->v.strides[0] + g * p->v.strides[1] + j0 * p->v.strides[2], n, p->Ev,
+    sdpa__mat m = {at(p->v.data, b * p->v.strides[0] + g * p->v.strides[1] + j0 * p->v.strides[2]), n, p->Ev,
                    p->v.strides[2], p->v.strides[3]};
     return m;
 }
@@ -70,57 +75,83 @@ static layout make_layout(const sdpa__plan *p) {
 
 size_t sdpa__reference_workspace_bytes(const sdpa__plan *p) { return make_layout(p).total; }
 
-/* weights row over all S keys: s[j - jlo] inside [jlo, jhi) (only where allowed if
- * masked_fill), `fill` elsewhere. */
-static void write_weights_row(const sdpa__plan *p, float *w, const float *s, const uint8_t *allowed,
-                              int64_t jlo, int64_t jhi, float fill, bool masked_fill) {
-    const int64_t ws = p->weights.strides[3];
-    for (int64_t j = 0; j < p->S; ++j) {
-        float x = fill;
-        if (j >= jlo && j < jhi && (!masked_fill || allowed[j - jlo]))
-            x = s[j - jlo];
-        w[j * ws] = x;
-    }
-}
-
 static void zero_row(float *row, int64_t n, int64_t stride) {
     for (int64_t d = 0; d < n; ++d)
         row[d * stride] = 0.0f;
 }
 
-/* Score of allowed pair (i, j) in double precision: scale, softcap, bias. */
-static double score_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+/* The score of pair (i, j) in double precision up to `stage`: SCORES (scale q.k),
+ * SOFTCAPPED, or MASKED (+ bias; the pair must be allowed). */
+static double score_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j, int stage) {
     const float *qr = p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2];
     const float *kr = p->k.data + b * p->k.strides[0] + (h / p->group) * p->k.strides[1] + j * p->k.strides[2];
     double d = 0.0;
     for (int64_t e = 0; e < p->E; ++e)
         d += (double)qr[e * p->q.strides[3]] * (double)kr[e * p->k.strides[3]];
     d *= (double)p->scale;
+    if (stage == SDPA_WEIGHTS_SCORES)
+        return d;
     if (p->softcap > 0.0f)
         d = (double)p->softcap * tanh(d / (double)p->softcap);
+    if (stage == SDPA_WEIGHTS_SOFTCAPPED)
+        return d;
     if (p->has_bias)
         d += (double)sdpa__bias_row(p, b, h, i)[j * p->bias.strides[3]];
     return d;
 }
 
-/* One row whose float32 scores overflowed (|scale q.k| beyond FLT_MAX with finite inputs):
- * softmax, P.V and lse in double from recomputed scores. Rare, so scores are recomputed
- * per pass instead of stored. */
-static void row_in_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, const uint8_t *allowed,
-                          int64_t jlo, int64_t jhi, double *acc, float *orow, float *wrow, float *lrow) {
-    const float *vbase = p->v.data + b * p->v.strides[0] + (h / p->group) * p->v.strides[1];
+/* A score-stage weights row over all S keys: s[j - jlo] inside [jlo, jhi) (for MASKED only
+ * where allowed, -inf elsewhere; the other stages cover every key). An entry whose float32
+ * value, or raw score before softcap, is not finite is recomputed in double, so a finite
+ * score never shows as inf or as a clipped softcap. */
+static void write_scores_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, float *w, const float *s,
+                             const uint8_t *flags, int64_t jlo, int64_t jhi, int stage) {
+    const int64_t ws = p->weights.strides[3];
+    for (int64_t j = 0; j < p->S; ++j) {
+        float x = -INFINITY;
+        if (j >= jlo && j < jhi && (stage != SDPA_WEIGHTS_MASKED || (flags[j - jlo] & KEY_ALLOWED))) {
+            x = s[j - jlo];
+            if (!isfinite(x) || (flags[j - jlo] & KEY_RAW_NOT_FINITE))
+                x = (float)score_double(p, b, h, i, j, stage);
+        }
+        w[j * ws] = x;
+    }
+}
+
+/* A probabilities weights row over all S keys: p[j - jlo] inside [jlo, jhi), 0 elsewhere. */
+static void write_probs_row(const sdpa__plan *p, float *w, const float *prob, int64_t jlo, int64_t jhi) {
+    const int64_t ws = p->weights.strides[3];
+    for (int64_t j = 0; j < p->S; ++j)
+        w[j * ws] = j >= jlo && j < jhi ? prob[j - jlo] : 0.0f;
+}
+
+/* Is key j allowed for row (b, h, i) whose structural range is [lo, hi)? */
+static bool pair_allowed(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j, int64_t lo, int64_t hi) {
+    if (j < lo || j >= hi || (p->has_mask && !sdpa__mask_allows(p, b, h, i, j)))
+        return false;
+    return !p->has_bias || sdpa__bias_row(p, b, h, i)[j * p->bias.strides[3]] != -INFINITY;
+}
+
+/* A row that float32 cannot carry (a score or the P.V sum overflowed although the inputs are
+ * finite): softmax, P.V, lse and probabilities in double from recomputed scores. Rare, so
+ * scores are recomputed per pass instead of stored. The row has at least one allowed key. */
+static void row_in_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, double *acc, float *orow,
+                          float *wrow, float *lrow) {
+    const float *vbase = at(p->v.data, b * p->v.strides[0] + (h / p->group) * p->v.strides[1]);
+    int64_t lo, hi;
+    sdpa__row_range(p, b, i, &lo, &hi);
     double mx = -INFINITY, sum = 0.0;
-    for (int64_t j = jlo; j < jhi; ++j)
-        if (allowed[j - jlo]) {
-            const double x = score_double(p, b, h, i, j);
+    for (int64_t j = lo; j < hi; ++j)
+        if (pair_allowed(p, b, h, i, j, lo, hi)) {
+            const double x = score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED);
             mx = x > mx ? x : mx;
         }
     memset(acc, 0, (size_t)p->Ev * sizeof(double));
-    for (int64_t j = jlo; j < jhi; ++j) {
-        if (!allowed[j - jlo])
+    for (int64_t j = lo; j < hi; ++j) {
+        if (!pair_allowed(p, b, h, i, j, lo, hi))
             continue;
-        const double e = exp(score_double(p, b, h, i, j) - mx);
-        const float *vrow = vbase + j * p->v.strides[2];
+        const double e = exp(score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED) - mx);
+        const float *vrow = at((float *)vbase, j * p->v.strides[2]);
         sum += e;
         for (int64_t d = 0; d < p->Ev; ++d)
             acc[d] += e * (double)vrow[d * p->v.strides[3]];
@@ -132,7 +163,9 @@ static void row_in_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, 
     if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
         for (int64_t j = 0; j < p->S; ++j)
             wrow[j * p->weights.strides[3]] =
-                j >= jlo && j < jhi && allowed[j - jlo] ? (float)(exp(score_double(p, b, h, i, j) - mx) / sum) : 0.0f;
+                pair_allowed(p, b, h, i, j, lo, hi)
+                    ? (float)(exp(score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED) - mx) / sum)
+                    : 0.0f;
 }
 
 /* Step 2 for row i: turns its scores s[0, n) (keys jlo + [0, n)) into probabilities, exact 0
@@ -151,32 +184,41 @@ static int softmax_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, flo
     }
     int64_t lo, hi;
     sdpa__row_range(p, b, i, &lo, &hi);
+    /* Flags: allowed by range and mask; raw float32 score not finite (an overflow that softcap
+     * would hide: tanh(inf) = 1). */
+    for (int64_t j = jlo; j < jhi; ++j) {
+        const bool ok = j >= lo && j < hi && (!p->has_mask || sdpa__mask_allows(p, b, h, i, j));
+        allowed[j - jlo] = (uint8_t)((ok ? KEY_ALLOWED : 0) | (isfinite(s[j - jlo]) ? 0 : KEY_RAW_NOT_FINITE));
+    }
     if (wrow && p->weights_stage == SDPA_WEIGHTS_SCORES)
-        write_weights_row(p, wrow, s, allowed, jlo, jhi, 0.0f, false);
+        write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SCORES);
     const float c = p->softcap;
     if (c > 0.0f)
         for (int64_t j = 0; j < n; ++j)
             s[j] = c * tanhf(s[j] / c);
     if (wrow && p->weights_stage == SDPA_WEIGHTS_SOFTCAPPED)
-        write_weights_row(p, wrow, s, allowed, jlo, jhi, 0.0f, false);
-    /* Allowed flags over [jlo, jhi); bias is read and added where allowed only. */
+        write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SOFTCAPPED);
+    /* Bias is read and added where allowed only; -inf blocks. */
     const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
     bool any = false, overflow = false;
-    for (int64_t j = jlo; j < jhi; ++j) {
-        bool ok = j >= lo && j < hi && (!p->has_mask || sdpa__mask_allows(p, b, h, i, j));
-        if (ok && brow) {
-            const float bv = brow[j * p->bias.strides[3]];
-            if (bv == -INFINITY)
-                ok = false;
-            else
-                s[j - jlo] += bv;
+    for (int64_t j = 0; j < n; ++j) {
+        if (!(allowed[j] & KEY_ALLOWED))
+            continue;
+        if (brow) {
+            const float bv = brow[(jlo + j) * p->bias.strides[3]];
+            if (bv == -INFINITY) {
+                allowed[j] = 0;
+                continue;
+            }
+            s[j] += bv;
         }
-        allowed[j - jlo] = ok;
-        any = any || ok;
-        overflow = overflow || (ok && !isfinite(s[j - jlo]));
+        overflow = overflow || (allowed[j] & KEY_RAW_NOT_FINITE) || !isfinite(s[j]);
+        any = true;
     }
     if (wrow && p->weights_stage == SDPA_WEIGHTS_MASKED)
-        write_weights_row(p, wrow, s, allowed, jlo, jhi, -INFINITY, true);
+        write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_MASKED);
+    for (int64_t j = 0; j < n; ++j) /* plain 0/1 from here on */
+        allowed[j] &= KEY_ALLOWED;
     if (!any) { /* policy ZERO (ERROR was rejected before any write) */
         zero_row(orow, p->Ev, p->out.strides[3]);
         if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
@@ -186,7 +228,7 @@ static int softmax_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, flo
         return ROW_DONE;
     }
     if (overflow) { /* a float32 score overflowed: redo this row in double */
-        row_in_double(p, b, h, i, allowed, jlo, jhi, acc, orow, wrow, lrow);
+        row_in_double(p, b, h, i, acc, orow, wrow, lrow);
         return ROW_DONE;
     }
     const float mx = sdpa__masked_max(s, allowed, n);
@@ -197,7 +239,7 @@ static int softmax_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, flo
     if (lrow)
         *lrow = (float)((double)mx + log(sum));
     if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
-        write_weights_row(p, wrow, s, allowed, jlo, jhi, 0.0f, false);
+        write_probs_row(p, wrow, s, jlo, jhi);
     return ROW_PV;
 }
 
@@ -243,11 +285,11 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                 bool need_pv = false;
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t i = i0 + r;
-                    float *orow = p->out.data + b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2];
-                    float *wrow = p->has_weights ? p->weights.data + b * p->weights.strides[0] +
-                                                       h * p->weights.strides[1] + i * p->weights.strides[2]
+                    float *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
+                    float *wrow = p->has_weights ? at(p->weights.data, b * p->weights.strides[0] +
+                                                                           h * p->weights.strides[1] + i * p->weights.strides[2])
                                                  : NULL;
-                    float *lrow = p->has_lse ? p->lse + b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]
+                    float *lrow = p->has_lse ? at(p->lse, b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2])
                                              : NULL;
                     state[r] = (uint8_t)softmax_row(p, b, h, i, tile + r * n, jlo, n, allowed, acc, orow, wrow, lrow);
                     if (state[r] == ROW_DONE)
@@ -280,10 +322,21 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                 for (int64_t r = 0; r < rows; ++r) {
                     if (state[r] != ROW_PV)
                         continue;
-                    float *orow =
-                        p->out.data + b * p->out.strides[0] + h * p->out.strides[1] + (i0 + r) * p->out.strides[2];
-                    for (int64_t d = 0; d < p->Ev; ++d)
+                    const int64_t i = i0 + r;
+                    float *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
+                    bool finite = true;
+                    for (int64_t d = 0; d < p->Ev; ++d) {
                         orow[d * p->out.strides[3]] = otile[r * p->Ev + d];
+                        finite = finite && isfinite(otile[r * p->Ev + d]);
+                    }
+                    if (!finite) { /* the float32 P.V sum overflowed (|v| near FLT_MAX): redo in double */
+                        float *wrow = p->has_weights ? at(p->weights.data, b * p->weights.strides[0] +
+                                                                               h * p->weights.strides[1] + i * p->weights.strides[2])
+                                                     : NULL;
+                        float *lrow = p->has_lse ? at(p->lse, b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2])
+                                                 : NULL;
+                        row_in_double(p, b, h, i, acc, orow, wrow, lrow);
+                    }
                 }
             }
         }
