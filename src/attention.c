@@ -261,7 +261,7 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
 
     /* Outputs must not overlap inputs or each other. */
     if (!for_size) {
-        struct { const char *name; sdpa__span s; } in[9], outs[3];
+        struct { const char *name; sdpa__span s; } in[8], outs[4];
         int nin = 0, nout = 0;
         in[nin].name = "query"; in[nin++].s = sdpa__tensor_span(q);
         in[nin].name = "key"; in[nin++].s = sdpa__tensor_span(k);
@@ -283,21 +283,21 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
             in[nin].s.lo = (uintptr_t)o->query_offsets;
             in[nin++].s.hi = (uintptr_t)(o->query_offsets + p->B);
         }
-        if (o->workspace && o->workspace_bytes > 0) { /* scratch: it must not alias an output either */
-            in[nin].name = "workspace";
-            in[nin].s.lo = (uintptr_t)o->workspace;
-            in[nin++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
-        }
         outs[nout].name = "out"; outs[nout++].s = sdpa__tensor_span(out);
         if (weights) { outs[nout].name = "weights"; outs[nout++].s = sdpa__tensor_span(weights); }
         if (lse) { outs[nout].name = "lse"; outs[nout++].s = sdpa__tensor_span(lse); }
+        if (o->workspace && o->workspace_bytes > 0) { /* written too: checked like an output */
+            outs[nout].name = "workspace";
+            outs[nout].s.lo = (uintptr_t)o->workspace;
+            outs[nout++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
+        }
         for (int a = 0; a < nout; ++a) {
             for (int b = 0; b < nin; ++b)
                 if (sdpa__spans_overlap(outs[a].s, in[b].s))
-                    return sdpa__fail(SDPA_ERR_OVERLAP, "%s: output %s overlaps input %s", FN, outs[a].name, in[b].name);
+                    return sdpa__fail(SDPA_ERR_OVERLAP, "%s: %s (written) overlaps input %s", FN, outs[a].name, in[b].name);
             for (int b = a + 1; b < nout; ++b)
                 if (sdpa__spans_overlap(outs[a].s, outs[b].s))
-                    return sdpa__fail(SDPA_ERR_OVERLAP, "%s: output %s overlaps output %s", FN, outs[a].name,
+                    return sdpa__fail(SDPA_ERR_OVERLAP, "%s: %s overlaps %s (both written)", FN, outs[a].name,
                                       outs[b].name);
         }
     }

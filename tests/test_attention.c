@@ -3,6 +3,7 @@
  * double-precision reference (tests/ref), and properties (row sums, causality,
  * permutation invariance, determinism, masked NaN never leaking).
  */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1827,6 +1828,289 @@ static void attention_huge_inputs_give_no_nan(void **state)
     small_free(&s);
 }
 
+/* ------------------------------------------------- regressions found by fuzzing */
+
+/* Relative closeness for expected values far from 1 (scores near FLT_MAX). */
+static int close_rel(double got, double want, double rtol)
+{
+    return isfinite(got) && fabs(got - want) <= rtol * fabs(want);
+}
+
+static void attention_softcap_does_not_hide_float32_score_overflow(void **state)
+{
+    (void)state;
+    /* q . k0 = 3e38 + 3e38 - 3e38 - 3e38 - 3e38 = -3e38 (finite), but a float32 sum passes
+     * through +inf and softcap turned tanh(+inf) into a plausible +1. The true capped scores
+     * are tanh(-3e38) = -1 and 0, so out = e^-1 / (e^-1 + 1) = 1 / (1 + e) and
+     * lse = ln(e^-1 + 1). The defect gave 0.731059 (the sign of s0 flipped). */
+    float q[5] = {1.5e19f, 1.5e19f, -1.5e19f, -1.5e19f, -1.5e19f};
+    float k[10] = {2e19f, 2e19f, 2e19f, 2e19f, 2e19f, 0, 0, 0, 0, 0};
+    float v[2] = {1.0f, 0.0f};
+    float out[1], lse[1];
+    sdpa_tensor tq = tc_view3(q, 1, 1, 5), tk = tc_view3(k, 1, 2, 5), tv = tc_view3(v, 1, 2, 1);
+    sdpa_tensor to = tc_view3(out, 1, 1, 1), tl;
+    const int64_t ls[2] = {1, 1};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 2, ls), SDPA_OK);
+    tc_fill_canary(out, sizeof out);
+    tc_fill_canary(lse, sizeof lse);
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.scale = 1.0f;
+    o.softcap = 1.0f;
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, &tl);
+    if (st != SDPA_OK) {
+        fail_msg("softcap 1, q . k0 = -3e38: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    const double want_out = 1.0 / (1.0 + exp(1.0)), want_lse = log(exp(-1.0) + 1.0);
+    if (!(fabs((double)out[0] - want_out) <= 1e-5)) {
+        fail_msg("softcap 1, q . k0 = -3e38: out %.9g, expected 1/(1+e) = %.9g", (double)out[0], want_out);
+    }
+    if (!(fabs((double)lse[0] - want_lse) <= 1e-5)) {
+        fail_msg("softcap 1, q . k0 = -3e38: lse %.9g, expected ln(e^-1 + 1) = %.9g", (double)lse[0], want_lse);
+    }
+}
+
+/* Rank 3, B = 1, E = Ev = 1, q = k = 0 (uniform weights over the allowed keys), OFFSETS
+ * alignment with a sliding window, policy given; out is compared with want[L]. */
+static sdpa_status run_offset_window(int64_t L, int64_t S, const float *v, int64_t offset, int64_t left,
+                                     int64_t right, int32_t empty_rows, float *out)
+{
+    float q[8] = {0}, k[8] = {0};
+    assert_true(L <= 8 && S <= 8);
+    sdpa_tensor tq = tc_view3(q, 1, L, 1), tk = tc_view3(k, 1, S, 1);
+    sdpa_tensor tv = tc_view3((float *)(uintptr_t)v, 1, S, 1), to = tc_view3(out, 1, L, 1);
+    int64_t off[1] = {offset};
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.alignment = SDPA_ALIGN_OFFSETS;
+    o.query_offsets = off;
+    o.sliding_window = 1;
+    o.window_left = left;
+    o.window_right = right;
+    o.causal = 0;
+    o.empty_rows = empty_rows;
+    tc_fill_canary(out, sizeof(float) * (size_t)L);
+    return sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+}
+
+static void attention_windows_beyond_2_61_bound_keys_at_large_offsets(void **state)
+{
+    (void)state;
+    /* Offsets reach 2^61, so a window of 2^61 + 1 is still a real bound there: with
+     * p = i + 2^61 and left = 2^61 + 1, key j is allowed iff j >= i - 1. The defect treated
+     * every window beyond 2^61 as unbounded (all rows 2.5). */
+    const int64_t two61 = (int64_t)1 << 61;
+    const float v[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    float out[4];
+    sdpa_status st = run_offset_window(4, 4, v, two61, two61 + 1, -1, SDPA_EMPTY_ROWS_ZERO, out);
+    if (st != SDPA_OK) {
+        fail_msg("offset 2^61, left 2^61+1: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    const float want_left[4] = {2.5f, 2.5f, 3.0f, 3.5f};
+    for (int i = 0; i < 4; ++i) {
+        if (!(fabsf(out[i] - want_left[i]) <= 1e-6f)) {
+            fail_msg("offset 2^61, window (2^61+1, -1): out[%d] = %.9g, expected %.9g (keys j >= i-1)", i,
+                     (double)out[i], (double)want_left[i]);
+        }
+    }
+
+    /* mirror: p = i - 2^61, right = 2^61 + 1: key j allowed iff j <= i + 1 */
+    st = run_offset_window(4, 4, v, -two61, -1, two61 + 1, SDPA_EMPTY_ROWS_ZERO, out);
+    if (st != SDPA_OK) {
+        fail_msg("offset -2^61, right 2^61+1: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    const float want_right[4] = {1.5f, 2.0f, 2.5f, 2.5f};
+    for (int i = 0; i < 4; ++i) {
+        if (!(fabsf(out[i] - want_right[i]) <= 1e-6f)) {
+            fail_msg("offset -2^61, window (-1, 2^61+1): out[%d] = %.9g, expected %.9g (keys j <= i+1)", i,
+                     (double)out[i], (double)want_right[i]);
+        }
+    }
+
+    /* S = 1: key 0 is allowed for rows i <= 1 only, so rows 2 and 3 are empty */
+    const float v1[1] = {1.0f};
+    st = run_offset_window(4, 1, v1, two61, two61 + 1, -1, SDPA_EMPTY_ROWS_ERROR, out);
+    if (st != SDPA_ERR_EMPTY_ROW) {
+        fail_msg("S = 1, offset 2^61, left 2^61+1, policy ERROR: expected SDPA_ERR_EMPTY_ROW, got %s (%s)",
+                 sdpa_status_string(st), sdpa_last_error_message());
+    }
+    assert_true(tc_is_canary(out, sizeof out));
+    st = run_offset_window(4, 1, v1, two61, two61 + 1, -1, SDPA_EMPTY_ROWS_ZERO, out);
+    assert_int_equal(st, SDPA_OK);
+    const float want_one[4] = {1.0f, 1.0f, 0.0f, 0.0f};
+    for (int i = 0; i < 4; ++i) {
+        if (out[i] != want_one[i]) {
+            fail_msg("S = 1, offset 2^61, left 2^61+1, policy ZERO: out[%d] = %.9g, expected %.9g", i,
+                     (double)out[i], (double)want_one[i]);
+        }
+    }
+}
+
+static void attention_score_stage_weights_survive_overflowing_dot_product(void **state)
+{
+    (void)state;
+    /* q . k0 = 4e38 overflows float32, scale * q . k0 = 2e38 does not: the score stages must
+     * show 2e38 (the defect wrote +inf) and softcap must act on the true score. */
+    float q[1] = {2e19f}, k[2] = {2e19f, 0.0f}, v[2] = {1.0f, 2.0f};
+    float out[1], w[2], lse[1];
+    sdpa_tensor tq = tc_view4(q, 1, 1, 1, 1), tk = tc_view4(k, 1, 1, 2, 1), tv = tc_view4(v, 1, 1, 2, 1);
+    sdpa_tensor to = tc_view4(out, 1, 1, 1, 1), tw = tc_view4(w, 1, 1, 1, 2), tl;
+    const int64_t ls[3] = {1, 1, 1};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+    const int stages[3] = {SDPA_WEIGHTS_SCORES, SDPA_WEIGHTS_SOFTCAPPED, SDPA_WEIGHTS_MASKED};
+    for (int t = 0; t < 3; ++t) {
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.scale = 0.5f;
+        o.weights_stage = stages[t];
+        tc_fill_canary(out, sizeof out);
+        tc_fill_canary(w, sizeof w);
+        tc_fill_canary(lse, sizeof lse);
+        sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, &tw, &tl);
+        if (st != SDPA_OK) {
+            fail_msg("stage %d: %s (%s)", stages[t], sdpa_status_string(st), sdpa_last_error_message());
+        }
+        if (!close_rel((double)w[0], 0.5 * (double)q[0] * (double)k[0], 1e-6) || w[1] != 0.0f) {
+            fail_msg("stage %d, scale 0.5, q . k = [4e38, 0]: weights [%.9g, %.9g], expected [2e38, 0]", stages[t],
+                     (double)w[0], (double)w[1]);
+        }
+        if (out[0] != 1.0f) {
+            fail_msg("stage %d: out %.9g, expected 1 (all weight on key 0)", stages[t], (double)out[0]);
+        }
+        if (!isfinite(lse[0])) {
+            fail_msg("stage %d: lse %g, expected finite (2e38)", stages[t], (double)lse[0]);
+        }
+    }
+
+    /* softcap 1e38: s0 = 1e38 * tanh(2e38 / 1e38) = 1e38 * tanh(2), not 1e38 * tanh(inf) */
+    const int capped[2] = {SDPA_WEIGHTS_SOFTCAPPED, SDPA_WEIGHTS_MASKED};
+    for (int t = 0; t < 2; ++t) {
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.scale = 0.5f;
+        o.softcap = 1e38f;
+        o.weights_stage = capped[t];
+        tc_fill_canary(w, sizeof w);
+        sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, &tw, &tl);
+        if (st != SDPA_OK) {
+            fail_msg("softcap 1e38, stage %d: %s (%s)", capped[t], sdpa_status_string(st), sdpa_last_error_message());
+        }
+        const double s0 = 0.5 * (double)q[0] * (double)k[0];
+        const double want = (double)1e38f * tanh(s0 / (double)1e38f);
+        if (!close_rel((double)w[0], want, 1e-5) || w[1] != 0.0f) {
+            fail_msg("softcap 1e38, stage %d: weights [%.9g, %.9g], expected [1e38 * tanh(2) = %.9g, 0]", capped[t],
+                     (double)w[0], (double)w[1], want);
+        }
+        if (out[0] != 1.0f) {
+            fail_msg("softcap 1e38, stage %d: out %.9g, expected 1", capped[t], (double)out[0]);
+        }
+    }
+}
+
+/* E = 1, q = k = 0 (uniform weights over the S keys): out[Ev] and lse for values v[S, Ev]. */
+static void run_uniform_pv(const float *v, int64_t S, int64_t Ev, float *out, float *lse)
+{
+    float q[1] = {0.0f}, k[64] = {0};
+    assert_true(S <= 64);
+    sdpa_tensor tq = tc_view4(q, 1, 1, 1, 1), tk = tc_view4(k, 1, 1, S, 1);
+    sdpa_tensor tv = tc_view4((float *)(uintptr_t)v, 1, 1, S, Ev), to = tc_view4(out, 1, 1, 1, Ev), tl;
+    const int64_t ls[3] = {1, 1, 1};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+    tc_fill_canary(out, sizeof(float) * (size_t)Ev);
+    tc_fill_canary(lse, sizeof(float));
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, NULL, &to, NULL, &tl);
+    if (st != SDPA_OK) {
+        fail_msg("S = %lld, Ev = %lld, v near FLT_MAX: %s (%s)", (long long)S, (long long)Ev, sdpa_status_string(st),
+                 sdpa_last_error_message());
+    }
+    if (!(fabs((double)lse[0] - log((double)S)) <= 1e-6)) {
+        fail_msg("S = %lld, q = k = 0: lse %.9g, expected ln S", (long long)S, (double)lse[0]);
+    }
+}
+
+static void attention_pv_overflow_is_recomputed_in_double(void **state)
+{
+    (void)state;
+    float out[3], lse[1];
+    /* mixed signs near FLT_MAX, weights 1/4 (exact): the answer is exactly 0 */
+    const float mixed[4] = {3e38f, 3e38f, -3e38f, -3e38f};
+    run_uniform_pv(mixed, 4, 1, out, lse);
+    if (out[0] != 0.0f) {
+        fail_msg("v = [3e38, 3e38, -3e38, -3e38], uniform weights: out %.9g, expected 0", (double)out[0]);
+    }
+    const float high[4] = {3e38f, 3e38f, 3e38f, 1e38f};
+    const double want_high = 0.25 * (3.0 * (double)3e38f + (double)1e38f);
+    run_uniform_pv(high, 4, 1, out, lse);
+    if (!close_rel((double)out[0], want_high, 1e-6)) {
+        fail_msg("v = [3e38, 3e38, 3e38, 1e38], uniform weights: out %.9g, expected %.9g", (double)out[0], want_high);
+    }
+
+    /* Uniform weights (float)(1/S) can sum to slightly more than 1, so the float32 P.V sum
+     * over values of +-FLT_MAX can pass FLT_MAX although the answer is +-FLT_MAX (with
+     * OpenBLAS here e.g. S = 11 gave +inf; which S overflows depends on the BLAS kernel, so
+     * sweep S). A row that overflows is redone in double; the mixed-sign third column
+     * (3e38, -3e38, 3e38, ...) must come out right in that row too. */
+    static float v[64 * 3];
+    for (int64_t Ev = 1; Ev <= 3; ++Ev) {
+        for (int64_t S = 2; S <= 64; ++S) {
+            for (int64_t j = 0; j < S; ++j) {
+                for (int64_t d = 0; d < Ev; ++d) {
+                    v[j * Ev + d] = d == 0 ? FLT_MAX : d == 1 ? -FLT_MAX : (j % 2 == 0 ? 3e38f : -3e38f);
+                }
+            }
+            run_uniform_pv(v, S, Ev, out, lse);
+            for (int64_t d = 0; d < Ev; ++d) {
+                const double want = d == 0 ? (double)FLT_MAX
+                                  : d == 1 ? -(double)FLT_MAX
+                                           : (S % 2 == 0 ? 0.0 : (double)3e38f / (double)S);
+                const double tol = d < 2 ? 1e-6 * (double)FLT_MAX : 1e-6 * (double)3e38f;
+                if (!isfinite(out[d]) || !(fabs((double)out[d] - want) <= tol)) {
+                    fail_msg("S = %lld, Ev = %lld, uniform weights: out[%lld] = %.9g, expected %.9g", (long long)S,
+                             (long long)Ev, (long long)d, (double)out[d], want);
+                }
+            }
+        }
+    }
+}
+
+static void attention_empty_views_with_null_data_succeed(void **state)
+{
+    (void)state;
+    /* Ev = 0: v and out are empty views with NULL data; lse is still computed (ln S for
+     * q = k = 0). */
+    float q[2] = {0.0f, 0.0f}, k[2] = {0.0f, 0.0f}, lse[2];
+    sdpa_tensor tq = tc_view4(q, 1, 1, 2, 1), tk = tc_view4(k, 1, 1, 2, 1);
+    sdpa_tensor tv = tc_view4(NULL, 1, 1, 2, 0), to = tc_view4(NULL, 1, 1, 2, 0), tl;
+    const int64_t ls[3] = {1, 1, 2};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, NULL, &to, NULL, NULL);
+    if (st != SDPA_OK) {
+        fail_msg("Ev = 0 with NULL v/out data: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    tc_fill_canary(lse, sizeof lse);
+    st = sdpa_attention(&tq, &tk, &tv, NULL, &to, NULL, &tl);
+    if (st != SDPA_OK) {
+        fail_msg("Ev = 0 with NULL v/out data and lse: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (!(fabsf(lse[i] - (float)log(2.0)) <= 1e-6f)) {
+            fail_msg("Ev = 0: lse[%d] = %.9g, expected ln 2", i, (double)lse[i]);
+        }
+    }
+    assert_string_equal(sdpa_last_kernel(), "reference");
+
+    /* L = 0 with NULL q and out: valid, nothing computed, kernel "none" */
+    float kk[6] = {1, 2, 3, 4, 5, 6}, vv[6] = {1, 2, 3, 4, 5, 6};
+    sdpa_tensor eq = tc_view4(NULL, 1, 1, 0, 2), ek = tc_view4(kk, 1, 1, 3, 2);
+    sdpa_tensor ev = tc_view4(vv, 1, 1, 3, 2), eo = tc_view4(NULL, 1, 1, 0, 2);
+    st = sdpa_attention(&eq, &ek, &ev, NULL, &eo, NULL, NULL);
+    if (st != SDPA_OK) {
+        fail_msg("L = 0 with NULL q/out data: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    assert_string_equal(sdpa_last_kernel(), "none");
+    assert_string_equal(sdpa_last_error_message(), "");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1852,6 +2136,11 @@ int main(void)
         cmocka_unit_test(attention_bottom_right_uses_per_batch_query_length),
         cmocka_unit_test(attention_overflowing_scores_are_recomputed_in_double),
         cmocka_unit_test(attention_huge_inputs_give_no_nan),
+        cmocka_unit_test(attention_softcap_does_not_hide_float32_score_overflow),
+        cmocka_unit_test(attention_windows_beyond_2_61_bound_keys_at_large_offsets),
+        cmocka_unit_test(attention_score_stage_weights_survive_overflowing_dot_product),
+        cmocka_unit_test(attention_pv_overflow_is_recomputed_in_double),
+        cmocka_unit_test(attention_empty_views_with_null_data_succeed),
     };
     return cmocka_run_group_tests_name("attention", tests, NULL, NULL);
 }

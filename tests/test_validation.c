@@ -1136,6 +1136,158 @@ static void validation_view_constructors_reject_null_data_of_non_empty_views(voi
     assert_int_equal(sdpa_tensor_init_4d(&t, NULL, 3, 2, 5, 0), SDPA_OK);
 }
 
+/* ------------------------------------------------- regressions found by fuzzing */
+
+static void validation_output_overlapping_query_offsets_is_rejected(void **state)
+{
+    (void)state;
+    /* out [2, 1, 2] floats share their 16 bytes with query_offsets[2]: writing out would
+     * change the offsets the call is still reading. */
+    union {
+        int64_t off[2];
+        float f[4];
+    } u;
+    u.off[0] = 0;
+    u.off[1] = 1;
+    unsigned char before[sizeof u];
+    memcpy(before, &u, sizeof u);
+    float q[2] = {0.5f, -0.5f}, k[2] = {1.0f, 2.0f}, v[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    sdpa_tensor tq = tc_view3(q, 2, 1, 1), tk = tc_view3(k, 2, 1, 1), tv = tc_view3(v, 2, 1, 2);
+    sdpa_tensor to = tc_view3(u.f, 2, 1, 2);
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.causal = 1;
+    o.alignment = SDPA_ALIGN_OFFSETS;
+    o.query_offsets = u.off;
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+    if (st != SDPA_ERR_OVERLAP) {
+        fail_msg("out over query_offsets: expected SDPA_ERR_OVERLAP, got %s (\"%s\")", sdpa_status_string(st),
+                 sdpa_last_error_message());
+    }
+    assert_memory_equal(before, &u, sizeof u);
+    assert_true(sdpa_last_error_message()[0] != '\0');
+
+    /* the same call with separate buffers is fine */
+    int64_t off[2] = {0, 1};
+    float out[4];
+    o.query_offsets = off;
+    to = tc_view3(out, 2, 1, 2);
+    st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+    if (st != SDPA_OK) {
+        fail_msg("separate query_offsets: %s (\"%s\")", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    for (int e = 0; e < 4; ++e) {
+        assert_true(out[e] == v[e]); /* one key per batch */
+    }
+}
+
+static int all_equal(const float *x, size_t n, float value)
+{
+    for (size_t e = 0; e < n; ++e) {
+        if (memcmp(&x[e], &value, sizeof value) != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void validation_workspace_overlapping_out_is_rejected(void **state)
+{
+    (void)state;
+    enum { WL = 3, WS = 4, WE = 2, WEV = 2 };
+    float q[WL * WE], k[WS * WE], v[WS * WEV];
+    for (int e = 0; e < WL * WE; ++e) q[e] = 0.25f * (float)e;
+    for (int e = 0; e < WS * WE; ++e) k[e] = 0.5f - 0.125f * (float)e;
+    for (int e = 0; e < WS * WEV; ++e) v[e] = (float)e;
+    sdpa_tensor tq = tc_view4(q, 1, 1, WL, WE), tk = tc_view4(k, 1, 1, WS, WE), tv = tc_view4(v, 1, 1, WS, WEV);
+    sdpa_options o;
+    sdpa_options_init(&o);
+    size_t need = 0;
+    assert_int_equal(sdpa_attention_workspace_size(&tq, &tk, &tv, &o, 0, &need), SDPA_OK);
+    assert_true(need > 0);
+    /* One buffer big enough for out and for the whole workspace; 64-byte aligned so that the
+     * library's aligned scratch starts exactly at out. */
+    const size_t nbuf = (need / sizeof(float) + WL * WEV + 16) / 16 * 16;
+    float *buf = aligned_alloc(64, nbuf * sizeof(float));
+    assert_non_null(buf);
+
+    /* workspace = out's buffer */
+    for (size_t e = 0; e < nbuf; ++e) buf[e] = 42.1f;
+    sdpa_tensor to = tc_view4(buf, 1, 1, WL, WEV);
+    o.workspace = buf;
+    o.workspace_bytes = need;
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+    if (st != SDPA_ERR_OVERLAP) {
+        fail_msg("workspace = out: expected SDPA_ERR_OVERLAP, got %s (\"%s\")", sdpa_status_string(st),
+                 sdpa_last_error_message());
+    }
+    if (!all_equal(buf, nbuf, 42.1f)) {
+        fail_msg("workspace = out: the buffer was written although the call failed");
+    }
+    assert_true(sdpa_last_error_message()[0] != '\0');
+
+    /* ... also when the call would otherwise fail later, with SDPA_ERR_EMPTY_ROW: the value
+     * checks borrow the workspace and must not run on one that aliases out */
+    int64_t kl[1] = {0};
+    o.key_lengths = kl;
+    st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+    if (st != SDPA_ERR_OVERLAP) {
+        fail_msg("workspace = out, key_lengths {0}: expected SDPA_ERR_OVERLAP, got %s (\"%s\")",
+                 sdpa_status_string(st), sdpa_last_error_message());
+    }
+    if (!all_equal(buf, nbuf, 42.1f)) {
+        fail_msg("workspace = out, key_lengths {0}: the buffer was scribbled on before the call failed");
+    }
+
+    /* a separate workspace of the same size works */
+    o.key_lengths = NULL;
+    float out[WL * WEV];
+    to = tc_view4(out, 1, 1, WL, WEV);
+    st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+    if (st != SDPA_OK) {
+        fail_msg("separate workspace: %s (\"%s\")", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    free(buf);
+}
+
+static void validation_workspace_overlapping_q_is_rejected(void **state)
+{
+    (void)state;
+    /* sdpa.h: SDPA_ERR_OVERLAP also when "the workspace overlaps an input"; the library never
+     * writes through an input view. q lives at the (64-byte aligned) start of the workspace. */
+    enum { WL = 3, WS = 4, WE = 2, WEV = 2 };
+    float k[WS * WE], v[WS * WEV], out[WL * WEV];
+    for (int e = 0; e < WS * WE; ++e) k[e] = 0.5f - 0.125f * (float)e;
+    for (int e = 0; e < WS * WEV; ++e) v[e] = (float)e;
+    sdpa_tensor tk = tc_view4(k, 1, 1, WS, WE), tv = tc_view4(v, 1, 1, WS, WEV);
+    sdpa_tensor to = tc_view4(out, 1, 1, WL, WEV);
+    sdpa_options o;
+    sdpa_options_init(&o);
+    size_t need = 0;
+    sdpa_tensor probe = tc_view4(k, 1, 1, WL, WE);
+    assert_int_equal(sdpa_attention_workspace_size(&probe, &tk, &tv, &o, 0, &need), SDPA_OK);
+    const size_t nbuf = (need / sizeof(float) + WL * WE + 16) / 16 * 16;
+    float *buf = aligned_alloc(64, nbuf * sizeof(float));
+    float *before = malloc(nbuf * sizeof(float));
+    assert_true(buf != NULL && before != NULL);
+    for (size_t e = 0; e < nbuf; ++e) buf[e] = 42.1f;
+    for (int e = 0; e < WL * WE; ++e) buf[e] = 0.25f * (float)e;
+    memcpy(before, buf, nbuf * sizeof(float));
+    sdpa_tensor tq = tc_view4(buf, 1, 1, WL, WE);
+    o.workspace = buf;
+    o.workspace_bytes = need;
+    tc_fill_canary(out, sizeof out);
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+    const int q_intact = memcmp(before, buf, nbuf * sizeof(float)) == 0;
+    free(before);
+    free(buf);
+    if (st != SDPA_ERR_OVERLAP || !q_intact) {
+        fail_msg("workspace = q: expected SDPA_ERR_OVERLAP with q untouched, got %s (\"%s\"), q %s",
+                 sdpa_status_string(st), sdpa_last_error_message(), q_intact ? "intact" : "overwritten");
+    }
+    assert_true(tc_is_canary(out, sizeof out));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1173,6 +1325,9 @@ int main(void)
         cmocka_unit_test(validation_error_message_clears_on_success),
         cmocka_unit_test(validation_view_constructors_reject_bad_input),
         cmocka_unit_test(validation_view_constructors_reject_null_data_of_non_empty_views),
+        cmocka_unit_test(validation_output_overlapping_query_offsets_is_rejected),
+        cmocka_unit_test(validation_workspace_overlapping_out_is_rejected),
+        cmocka_unit_test(validation_workspace_overlapping_q_is_rejected),
         /* last: under UBSan with halt_on_error a misaligned access ends the process */
         cmocka_unit_test(validation_caller_workspace_at_odd_address_works),
     };
