@@ -243,6 +243,16 @@ static int softmax_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, flo
     return ROW_PV;
 }
 
+/* Row (b, h, i) of out, weights (NULL if not requested) and lse (NULL if not requested). */
+static void row_outputs(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, float **orow, float **wrow,
+                        float **lrow) {
+    *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
+    *wrow = p->has_weights
+                ? at(p->weights.data, b * p->weights.strides[0] + h * p->weights.strides[1] + i * p->weights.strides[2])
+                : NULL;
+    *lrow = p->has_lse ? at(p->lse, b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]) : NULL;
+}
+
 sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_bytes) {
     const layout l = make_layout(p);
     if (ws_bytes < l.total)
@@ -285,12 +295,8 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                 bool need_pv = false;
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t i = i0 + r;
-                    float *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
-                    float *wrow = p->has_weights ? at(p->weights.data, b * p->weights.strides[0] +
-                                                                           h * p->weights.strides[1] + i * p->weights.strides[2])
-                                                 : NULL;
-                    float *lrow = p->has_lse ? at(p->lse, b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2])
-                                             : NULL;
+                    float *orow, *wrow, *lrow;
+                    row_outputs(p, b, h, i, &orow, &wrow, &lrow);
                     state[r] = (uint8_t)softmax_row(p, b, h, i, tile + r * n, jlo, n, allowed, acc, orow, wrow, lrow);
                     if (state[r] == ROW_DONE)
                         memset(tile + r * n, 0, (size_t)n * sizeof(float)); /* no contribution to P.V */
@@ -323,20 +329,15 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                     if (state[r] != ROW_PV)
                         continue;
                     const int64_t i = i0 + r;
-                    float *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
+                    float *orow, *wrow, *lrow;
+                    row_outputs(p, b, h, i, &orow, &wrow, &lrow);
                     bool finite = true;
                     for (int64_t d = 0; d < p->Ev; ++d) {
                         orow[d * p->out.strides[3]] = otile[r * p->Ev + d];
                         finite = finite && isfinite(otile[r * p->Ev + d]);
                     }
-                    if (!finite) { /* the float32 P.V sum overflowed (|v| near FLT_MAX): redo in double */
-                        float *wrow = p->has_weights ? at(p->weights.data, b * p->weights.strides[0] +
-                                                                               h * p->weights.strides[1] + i * p->weights.strides[2])
-                                                     : NULL;
-                        float *lrow = p->has_lse ? at(p->lse, b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2])
-                                                 : NULL;
+                    if (!finite) /* the float32 P.V sum overflowed (|v| near FLT_MAX): redo in double */
                         row_in_double(p, b, h, i, acc, orow, wrow, lrow);
-                    }
                 }
             }
         }
