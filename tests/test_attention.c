@@ -840,15 +840,9 @@ static void small_alloc(small *s, int64_t B, int64_t H, int64_t L, int64_t S, in
     assert_true(s->q && s->k && s->v && s->out && s->w && s->lse);
     tc_rng r;
     tc_rng_seed(&r, seed);
-    for (int64_t e = 0; e < B * H * L * E; ++e) {
-        s->q[e] = (float)tc_rng_uniform(&r, -1, 1);
-    }
-    for (int64_t e = 0; e < B * H * S * E; ++e) {
-        s->k[e] = (float)tc_rng_uniform(&r, -1, 1);
-    }
-    for (int64_t e = 0; e < B * H * S * Ev; ++e) {
-        s->v[e] = (float)tc_rng_uniform(&r, -1, 1);
-    }
+    tc_fill_uniform(s->q, B * H * L * E, &r, -1, 1);
+    tc_fill_uniform(s->k, B * H * S * E, &r, -1, 1);
+    tc_fill_uniform(s->v, B * H * S * Ev, &r, -1, 1);
     s->tq = tc_view4(s->q, B, H, L, E);
     s->tk = tc_view4(s->k, B, H, S, E);
     s->tv = tc_view4(s->v, B, H, S, Ev);
@@ -1050,9 +1044,7 @@ static void attention_token_permutation_permutes_outputs(void **state)
     float x[T * E], x2[T * E], out[T * E], out2[T * E];
     tc_rng r;
     tc_rng_seed(&r, 77);
-    for (int e = 0; e < T * E; ++e) {
-        x[e] = (float)tc_rng_uniform(&r, -1, 1);
-    }
+    tc_fill_uniform(x, T * E, &r, -1, 1);
     const int perm[NVALID] = {3, 0, 6, 1, 5, 2, 4}; /* token t goes to perm[t] */
     memcpy(x2, x, sizeof x);
     for (int t = 0; t < NVALID; ++t) {
@@ -1264,7 +1256,7 @@ static void attention_stride0_broadcast_equals_materialised_copy(void **state)
     float o1[B * H * L * E], o2[B * H * L * E];
     tc_rng r;
     tc_rng_seed(&r, 71);
-    for (int e = 0; e < B * H * L * E; ++e) q[e] = (float)tc_rng_uniform(&r, -1, 1);
+    tc_fill_uniform(q, B * H * L * E, &r, -1, 1);
     for (int e = 0; e < S * E; ++e) {
         k1[e] = (float)tc_rng_uniform(&r, -1, 1);
         v1[e] = (float)tc_rng_uniform(&r, -1, 1);
@@ -1374,7 +1366,7 @@ static void attention_gqa_matches_repeated_kv_heads(void **state)
     float o1[HQ * L * E], o2[HQ * L * E];
     tc_rng r;
     tc_rng_seed(&r, 91);
-    for (int e = 0; e < HQ * L * E; ++e) q[e] = (float)tc_rng_uniform(&r, -1, 1);
+    tc_fill_uniform(q, HQ * L * E, &r, -1, 1);
     for (int e = 0; e < HKV * S * E; ++e) {
         k[e] = (float)tc_rng_uniform(&r, -1, 1);
         v[e] = (float)tc_rng_uniform(&r, -1, 1);
@@ -1872,6 +1864,16 @@ static void attention_softcap_does_not_hide_float32_score_overflow(void **state)
 
 /* Rank 3, B = 1, E = Ev = 1, q = k = 0 (uniform weights over the allowed keys), OFFSETS
  * alignment with a sliding window, policy given; out is compared with want[L]. */
+/* Fail unless |got[i] - want[i]| <= tol for the 4 entries (tol 0: exact). */
+static void expect_close4(const char *what, const float *got, const float *want, float tol)
+{
+    for (int i = 0; i < 4; ++i) {
+        if (!(fabsf(got[i] - want[i]) <= tol)) {
+            fail_msg("%s: out[%d] = %.9g, expected %.9g", what, i, (double)got[i], (double)want[i]);
+        }
+    }
+}
+
 static sdpa_status run_offset_window(int64_t L, int64_t S, const float *v, int64_t offset, int64_t left,
                                      int64_t right, int32_t empty_rows, float *out)
 {
@@ -1907,12 +1909,7 @@ static void attention_windows_beyond_2_61_bound_keys_at_large_offsets(void **sta
         fail_msg("offset 2^61, left 2^61+1: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
     }
     const float want_left[4] = {2.5f, 2.5f, 3.0f, 3.5f};
-    for (int i = 0; i < 4; ++i) {
-        if (!(fabsf(out[i] - want_left[i]) <= 1e-6f)) {
-            fail_msg("offset 2^61, window (2^61+1, -1): out[%d] = %.9g, expected %.9g (keys j >= i-1)", i,
-                     (double)out[i], (double)want_left[i]);
-        }
-    }
+    expect_close4("offset 2^61, window (2^61+1, -1) (keys j >= i-1)", out, want_left, 1e-6f);
 
     /* mirror: p = i - 2^61, right = 2^61 + 1: key j allowed iff j <= i + 1 */
     st = run_offset_window(4, 4, v, -two61, -1, two61 + 1, SDPA_EMPTY_ROWS_ZERO, out);
@@ -1920,12 +1917,7 @@ static void attention_windows_beyond_2_61_bound_keys_at_large_offsets(void **sta
         fail_msg("offset -2^61, right 2^61+1: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
     }
     const float want_right[4] = {1.5f, 2.0f, 2.5f, 2.5f};
-    for (int i = 0; i < 4; ++i) {
-        if (!(fabsf(out[i] - want_right[i]) <= 1e-6f)) {
-            fail_msg("offset -2^61, window (-1, 2^61+1): out[%d] = %.9g, expected %.9g (keys j <= i+1)", i,
-                     (double)out[i], (double)want_right[i]);
-        }
-    }
+    expect_close4("offset -2^61, window (-1, 2^61+1) (keys j <= i+1)", out, want_right, 1e-6f);
 
     /* S = 1: key 0 is allowed for rows i <= 1 only, so rows 2 and 3 are empty */
     const float v1[1] = {1.0f};
@@ -1938,12 +1930,7 @@ static void attention_windows_beyond_2_61_bound_keys_at_large_offsets(void **sta
     st = run_offset_window(4, 1, v1, two61, two61 + 1, -1, SDPA_EMPTY_ROWS_ZERO, out);
     assert_int_equal(st, SDPA_OK);
     const float want_one[4] = {1.0f, 1.0f, 0.0f, 0.0f};
-    for (int i = 0; i < 4; ++i) {
-        if (out[i] != want_one[i]) {
-            fail_msg("S = 1, offset 2^61, left 2^61+1, policy ZERO: out[%d] = %.9g, expected %.9g", i,
-                     (double)out[i], (double)want_one[i]);
-        }
-    }
+    expect_close4("S = 1, offset 2^61, left 2^61+1, policy ZERO", out, want_one, 0.0f);
 }
 
 static void attention_score_stage_weights_survive_overflowing_dot_product(void **state)

@@ -31,6 +31,13 @@ double tc_rng_uniform(tc_rng *rng, double lo, double hi)
     return lo + (hi - lo) * u;
 }
 
+void tc_fill_uniform(float *x, int64_t n, tc_rng *rng, double lo, double hi)
+{
+    for (int64_t e = 0; e < n; ++e) {
+        x[e] = (float)tc_rng_uniform(rng, lo, hi);
+    }
+}
+
 int64_t tc_rng_int(tc_rng *rng, int64_t lo, int64_t hi)
 {
     uint64_t span = (uint64_t)(hi - lo) + 1u;

@@ -27,6 +27,8 @@ double tc_rng_uniform(tc_rng *rng, double lo, double hi);
 int64_t tc_rng_int(tc_rng *rng, int64_t lo, int64_t hi);
 /* 1 with probability p. */
 int tc_rng_chance(tc_rng *rng, double p);
+/* x[0..n) = uniform in [lo, hi), drawn in index order. */
+void tc_fill_uniform(float *x, int64_t n, tc_rng *rng, double lo, double hi);
 
 /* ---------------------------------------------------------------- buffers */
 

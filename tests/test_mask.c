@@ -684,7 +684,7 @@ static void mask_padding_builder_matches_key_lengths_option(void **state)
     float q[B * H * L * E], k[B * H * S * E], v[B * H * S * E], o1[B * H * L * E], o2[B * H * L * E];
     tc_rng r;
     tc_rng_seed(&r, 99);
-    for (int e = 0; e < B * H * L * E; ++e) q[e] = (float)tc_rng_uniform(&r, -1, 1);
+    tc_fill_uniform(q, B * H * L * E, &r, -1, 1);
     for (int e = 0; e < B * H * S * E; ++e) {
         k[e] = (float)tc_rng_uniform(&r, -1, 1);
         v[e] = (float)tc_rng_uniform(&r, -1, 1);

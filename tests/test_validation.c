@@ -67,10 +67,10 @@ static void fx_init(fx *f)
     f->bias = f->arena + OFF_BIAS;
     tc_rng r;
     tc_rng_seed(&r, 1234);
-    for (int e = 0; e < N_Q; ++e) f->q[e] = (float)tc_rng_uniform(&r, -1, 1);
-    for (int e = 0; e < N_K; ++e) f->k[e] = (float)tc_rng_uniform(&r, -1, 1);
-    for (int e = 0; e < N_V; ++e) f->v[e] = (float)tc_rng_uniform(&r, -1, 1);
-    for (int e = 0; e < N_BIAS; ++e) f->bias[e] = (float)tc_rng_uniform(&r, -1, 1);
+    tc_fill_uniform(f->q, N_Q, &r, -1, 1);
+    tc_fill_uniform(f->k, N_K, &r, -1, 1);
+    tc_fill_uniform(f->v, N_V, &r, -1, 1);
+    tc_fill_uniform(f->bias, N_BIAS, &r, -1, 1);
     memset(f->mask, 1, sizeof f->mask);
     f->tq = tc_view4(f->q, B, HQ, L, E);
     f->tk = tc_view4(f->k, B, HKV, S, E);
