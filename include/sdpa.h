@@ -61,12 +61,12 @@ extern "C" {
 /* ----------------------------------------------------------------- version */
 
 #define SDPA_VERSION_MAJOR 0
-#define SDPA_VERSION_MINOR 1
+#define SDPA_VERSION_MINOR 2
 #define SDPA_VERSION_PATCH 0
 /** MAJOR*1000000 + MINOR*1000 + PATCH (SQLite's scheme). */
 #define SDPA_VERSION_NUMBER \
     (SDPA_VERSION_MAJOR * 1000000 + SDPA_VERSION_MINOR * 1000 + SDPA_VERSION_PATCH)
-#define SDPA_VERSION_STRING "0.1.0"
+#define SDPA_VERSION_STRING "0.2.0"
 
 /** @return SDPA_VERSION_NUMBER of the library actually linked (not of this header). */
 SDPA_API unsigned sdpa_version(void);
@@ -86,7 +86,7 @@ typedef enum sdpa_status {
     SDPA_ERR_NULL_POINTER = 10,      /**< a required pointer is NULL */
     SDPA_ERR_INVALID_ARGUMENT = 11,  /**< a scalar option out of range (scale, softcap, enum, window, length) */
     SDPA_ERR_STRUCT_VERSION = 12,    /**< struct_size too small, too large, or unknown tail bytes not zero */
-    SDPA_ERR_UNSUPPORTED = 13,       /**< valid request this version cannot serve (e.g. dropout before 0.2) */
+    SDPA_ERR_UNSUPPORTED = 13,       /**< valid request this version cannot serve (e.g. a forced kernel that cannot run it) */
 
     /* 20-29: shape and layout */
     SDPA_ERR_RANK = 20,              /**< rank out of the accepted range */
@@ -130,8 +130,9 @@ SDPA_API const char *sdpa_last_error_message(void);
 
 /**
  * @return the name of the kernel that computed the last successful sdpa_attention() on the
- *         calling thread ("reference" in 0.1; "none" when the call had no query row), or ""
- *         if none ran. Thread-local, static string.
+ *         calling thread, or "" if none ran. Thread-local, static string. Names start with
+ *         the path: "reference", "tiled..." or "decode..." (the rest names the micro-kernel,
+ *         e.g. "tiled-avx2"); "none" when the call had no query row.
  */
 SDPA_API const char *sdpa_last_kernel(void);
 
@@ -251,6 +252,18 @@ typedef enum sdpa_weights_stage {
     SDPA_WEIGHTS_FORCE_INT32_ = 0x7FFFFFFF
 } sdpa_weights_stage;
 
+/** Which kernel sdpa_attention() runs (sdpa_options.kernel). AUTO picks by shape; a forced
+ *  kernel that cannot serve the call fails with SDPA_ERR_UNSUPPORTED (nothing written).
+ *  All kernels give the same results within float32 rounding; with the same kernel and
+ *  the same inputs the result does not depend on num_threads (bit for bit). */
+typedef enum sdpa_kernel {
+    SDPA_KERNEL_AUTO = 0,      /**< default: decode for small L, tiled otherwise, reference when needed */
+    SDPA_KERNEL_REFERENCE = 1, /**< one materialised score tile per row block (0.1's path) */
+    SDPA_KERNEL_TILED = 2,     /**< FlashAttention-2 style tiles with online softmax */
+    SDPA_KERNEL_DECODE = 3,    /**< small L (KV-cache decode): one pass over K and V, split over keys */
+    SDPA_KERNEL_FORCE_INT32_ = 0x7FFFFFFF
+} sdpa_kernel;
+
 /**
  * Options of sdpa_attention(). Initialise with sdpa_options_init(), then set fields.
  * Every field's default is its zero value (sdpa_options_init() also sets the unused window
@@ -306,13 +319,24 @@ typedef struct sdpa_options {
      *  entries); 1 = skip that scan. */
     int32_t skip_finite_check;
 
-    /** Dropout probability in [0, 1). Must be 0 in 0.1 (SDPA_ERR_UNSUPPORTED otherwise);
-     *  counter-based dropout arrives in 0.2. */
+    /** Dropout probability p in [0, 1) (default 0 = none; there is no hidden training mode).
+     *  Applied to the probabilities that form `out`: a kept one is scaled by 1/(1-p), a dropped
+     *  one is 0 (torch.nn.functional.dropout after softmax). The `weights` output and lse are
+     *  the pre-dropout values. The keep decision of element (b, h, i, j) is a pure function of
+     *  (dropout_seed, dropout_offset, b, h, i, j), so it does not depend on threads, tiling or
+     *  kernel:
+     *    key' = words 0..1 of Philox4x32-10(counter {lo32(offset), hi32(offset), 0x53445041, 0},
+     *           key {lo32(seed), hi32(seed)})
+     *    r    = word (j % 4) of Philox4x32-10(counter {j / 4, i, h, b}, key') (Random123)
+     *    kept iff r >= floor(p * 2^32)
+     *  with b and h taken modulo 2^32. p = 0 is bit-identical to no dropout. Use a new offset (or
+     *  seed) for each call that needs fresh randomness. */
     float dropout_p;
-    /** Threads: 0 (default) = number of online CPUs; >= 1 = at most that many.
-     *  0.1 computes on the calling thread; results never depend on this value. */
+    /** Threads: 0 (default) = number of online CPUs; >= 1 = at most that many. The library
+     *  runs its own threads over (batch, head, query block) and never changes process-wide
+     *  state (BLAS thread count, environment). Results never depend on this value. */
     int32_t num_threads;
-    /** Dropout RNG key and counter offset (used from 0.2). */
+    /** Dropout RNG key (seed) and stream offset; see dropout_p. */
     uint64_t dropout_seed;
     uint64_t dropout_offset;
 
@@ -321,6 +345,11 @@ typedef struct sdpa_options {
      *  allocates what it needs and frees it before returning. */
     void *workspace;
     size_t workspace_bytes; /**< size of workspace in bytes */
+
+    /* ---- appended in 0.2 (a 0.1 caller's smaller struct_size leaves these at defaults) ---- */
+    /** sdpa_kernel to run. Default SDPA_KERNEL_AUTO. */
+    int32_t kernel;
+    int32_t reserved0; /**< must be 0 */
 } sdpa_options;
 
 /**
@@ -392,9 +421,10 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @retval SDPA_ERR_EMPTY_DIMENSION E == 0
  * @retval SDPA_ERR_DTYPE          a view that is not float32
  * @retval SDPA_ERR_INVALID_ARGUMENT scale/softcap NaN, Inf or negative; window < -1; a key or
- *                                 query length outside [0, S] / [0, L]; unknown enum value;
+ *                                 query length outside [0, S] / [0, L]; dropout_p outside
+ *                                 [0, 1); unknown enum value;
  *                                 flag not 0/1; reserved field or entry beyond rank not 0
- * @retval SDPA_ERR_UNSUPPORTED    dropout_p != 0 (0.1)
+ * @retval SDPA_ERR_UNSUPPORTED    options->kernel forces a kernel that cannot serve this call
  * @retval SDPA_ERR_EMPTY_ROW      a non-padding row has no allowed key under policy ERROR
  * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value that enters out (unless skip_finite_check)
  * @retval SDPA_ERR_WORKSPACE_TOO_SMALL / SDPA_ERR_OUT_OF_MEMORY
@@ -554,6 +584,181 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_to_additive(const uint8_t *allow, 
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_mask *mask,
                                                                int64_t *empty_rows,
                                                                int64_t *first_empty);
+
+/* ------------------------------------------------------- merging partials */
+
+/**
+ * Merge attention computed over two disjoint key sets A and B of the same query rows into
+ * attention over A ∪ B (split-KV decode, sequence-parallel / ring attention, a cached prefix
+ * plus new keys). Per row r, with m = max(lse_a[r], lse_b[r]):
+ *     wa = exp(lse_a[r] - m), wb = exp(lse_b[r] - m)
+ *     out[r, :] = (wa * out_a[r, :] + wb * out_b[r, :]) / (wa + wb)
+ *     lse[r]    = m + log(wa + wb)
+ * computed in double precision. A row whose lse on one side is -inf (no allowed key there)
+ * takes the other side's values exactly; both -inf gives a zero row and lse = -inf (as
+ * sdpa_attention's SDPA_EMPTY_ROWS_ZERO). The result equals sdpa_attention() over A ∪ B
+ * up to float32 rounding (as in FlashAttention's split-KV combine).
+ *
+ * Shapes: out_a, out_b, out [..., Ev] of rank 1..SDPA_MAX_RANK, all equal; lse_a, lse_b,
+ * lse [...] = the out shape without its last axis (rank - 1; for rank-1 outs a rank-1
+ * view of shape [1]). Any strides on inputs; outputs need the output layout rules of
+ * sdpa_attention. In place is allowed: `out` may be exactly the view out_a or out_b (same data
+ * and strides), and `lse` exactly lse_a or lse_b; any other overlap is SDPA_ERR_OVERLAP.
+ * @param lse [out] nullable.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
+ *         SDPA_ERR_STRIDE, SDPA_ERR_OVERLAP, SDPA_ERR_SIZE_OVERFLOW,
+ *         SDPA_ERR_NON_FINITE (lse NaN or +inf, or a non-finite out entry in a row whose lse
+ *         is finite), SDPA_ERR_INVALID_ARGUMENT (reserved field not 0)
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_merge(const sdpa_tensor *out_a, const sdpa_tensor *lse_a,
+                                               const sdpa_tensor *out_b, const sdpa_tensor *lse_b,
+                                               const sdpa_tensor *out, const sdpa_tensor *lse);
+
+/* ------------------------------------------------- multi-head attention layer */
+
+/**
+ * Weights of a multi-head attention layer, laid out as PyTorch stores them
+ * ([out_features, in_features], y = x W^T + b): torch.nn.MultiheadAttention's state_dict,
+ * or the q/k/v/o projections of a Llama-style GQA decoder layer. Views are borrowed for the
+ * duration of each call (any strides). Initialise with sdpa_mha_params_init().
+ *
+ * Sizes: E = embed_dim, H = num_heads, Hkv = num_kv_heads (0 = H), Dh = head_dim
+ * (0 = E / H, then E % H == 0), Dq = H*Dh, Dkv = Hkv*Dh, kdim/vdim = widths of the key and
+ * value inputs (0 = E).
+ */
+typedef struct sdpa_mha_params {
+    size_t struct_size;   /**< sizeof(sdpa_mha_params) as compiled by the caller */
+    int64_t embed_dim;    /**< E: width of the query input and of the output */
+    int64_t num_heads;    /**< H >= 1 */
+    int64_t num_kv_heads; /**< Hkv: 0 = H (plain MHA); otherwise H % Hkv == 0 (GQA/MQA) */
+    int64_t head_dim;     /**< Dh: 0 = E / H */
+    int64_t kdim;         /**< width of the key input; 0 = E */
+    int64_t vdim;         /**< width of the value input; 0 = E */
+    /** Packed [3E, E] (PyTorch in_proj_weight: rows q, k, v). Only when Dq = Dkv = E and
+     *  kdim = vdim = E. NULL = use the three separate weights below. */
+    const sdpa_tensor *in_proj_weight;
+    const sdpa_tensor *q_proj_weight; /**< [Dq, E]  (when in_proj_weight is NULL) */
+    const sdpa_tensor *k_proj_weight; /**< [Dkv, kdim] */
+    const sdpa_tensor *v_proj_weight; /**< [Dkv, vdim] */
+    /** [Dq + 2*Dkv] (PyTorch in_proj_bias [3E]: q, k, v biases); NULL = no bias (bias=False). */
+    const sdpa_tensor *in_proj_bias;
+    const sdpa_tensor *out_proj_weight; /**< [E, Dq], required */
+    const sdpa_tensor *out_proj_bias;   /**< [E]; NULL = no bias */
+    /** add_bias_kv: PyTorch bias_k, bias_v of shape [1, 1, Dkv] (any rank whose sizes
+     *  multiply to Dkv with the last = Dkv). Both or neither. They append one key/value row
+     *  after the projected keys, which every query may attend. */
+    const sdpa_tensor *bias_k;
+    const sdpa_tensor *bias_v;
+    /** add_zero_attn: 1 = append one all-zero key/value row (after bias_k/bias_v), which every
+     *  query may attend. */
+    int32_t add_zero_attn;
+    int32_t reserved0; /**< must be 0 */
+} sdpa_mha_params;
+
+/**
+ * Per-call options of sdpa_mha_forward(). Every default is the zero value; initialise with
+ * sdpa_mha_options_init(). S is the number of key/value input rows; S' = S + (bias_k ? 1 : 0)
+ * + add_zero_attn is the number of keys attended. Masks describe the S input keys; the
+ * appended keys are always allowed (PyTorch pads its masks with an "attend" column).
+ */
+typedef struct sdpa_mha_options {
+    size_t struct_size; /**< sizeof(sdpa_mha_options) as compiled by the caller */
+    /** Allow-mask over [B, H, L, S] (broadcast right-aligned: [L, S], [H, L, S], ...). A
+     *  PyTorch bool attn_mask means "ignore": convert with sdpa_mask_from_ignore(); a float
+     *  one of 0/-inf with sdpa_mask_from_additive() (or pass it as attn_bias). PyTorch's
+     *  [B*H, L, S] is this mask's [B, H, L, S]. */
+    const sdpa_allow_mask *attn_mask;
+    /** Key padding as an allow-mask of shape [B, S] exactly (nonzero = real key), applied as
+     *  [B, 1, 1, S]. PyTorch's key_padding_mask (true = padding) converts with
+     *  sdpa_mask_from_ignore(). */
+    const sdpa_allow_mask *key_padding_mask;
+    /** Additive float bias over [B, H, L, S] (PyTorch float attn_mask); -inf blocks. */
+    const sdpa_tensor *attn_bias;
+    /** [B] valid key counts (right padding), each in [0, S]; nullable. */
+    const int64_t *key_lengths;
+    /** [B] valid query counts (right padding), each in [0, L]; rows i >= query_lengths[b] of
+     *  `out` and of the weights are written as exact zeros; nullable. */
+    const int64_t *query_lengths;
+    /** 1 = causal, top-left (PyTorch is_causal / a tril attn_mask): query i sees input keys
+     *  j <= i (the appended keys stay visible). */
+    int32_t causal;
+    /** 0 (default) = weights [B, L, S'] averaged over heads (PyTorch average_attn_weights=True);
+     *  1 = per head [B, H, L, S']. */
+    int32_t per_head_weights;
+    /** 1 = training: apply dropout_p; 0 (default) = eval, no dropout whatever dropout_p is. */
+    int32_t training;
+    /** Dropout on the attention probabilities, in [0, 1); used only when training = 1. Keyed
+     *  as sdpa_options.dropout_p, with the layer's (b, h, i, j) over the S' keys. Returned
+     *  weights are pre-dropout (PyTorch returns post-dropout weights when training). */
+    float dropout_p;
+    uint64_t dropout_seed;
+    uint64_t dropout_offset;
+    /** sdpa_empty_rows for rows that no key may reach. Default SDPA_EMPTY_ROWS_ERROR. */
+    int32_t empty_rows;
+    /** Threads as sdpa_options.num_threads (0 = online CPUs). */
+    int32_t num_threads;
+    /** Caller workspace (nullable) of at least sdpa_mha_workspace_size() bytes; NULL = the
+     *  library allocates and frees before returning. */
+    void *workspace;
+    size_t workspace_bytes;
+} sdpa_mha_options;
+
+/** Fill the first struct_size bytes of *params with defaults (all zero) and set struct_size.
+ *  Does nothing if params is NULL or struct_size < sizeof(size_t). */
+SDPA_API void sdpa_mha_params_init_sized(sdpa_mha_params *params, size_t struct_size);
+/** sdpa_mha_params_init_sized(params, sizeof(sdpa_mha_params)). */
+static inline void sdpa_mha_params_init(sdpa_mha_params *params) {
+    sdpa_mha_params_init_sized(params, sizeof(sdpa_mha_params));
+}
+/** Fill the first struct_size bytes of *options with defaults (all zero) and set struct_size. */
+SDPA_API void sdpa_mha_options_init_sized(sdpa_mha_options *options, size_t struct_size);
+/** sdpa_mha_options_init_sized(options, sizeof(sdpa_mha_options)). */
+static inline void sdpa_mha_options_init(sdpa_mha_options *options) {
+    sdpa_mha_options_init_sized(options, sizeof(sdpa_mha_options));
+}
+
+/**
+ * Multi-head attention layer forward. Matches torch.nn.MultiheadAttention(batch_first=True)
+ * in eval mode (training = 0), with the weights of sdpa_mha_params:
+ *   q = query W_q^T + b_q, k = key W_k^T + b_k, v = value W_v^T + b_v   (one GEMM each over
+ *   all B*L or B*S rows); heads are strided views (head h = columns h*Dh .. h*Dh+Dh-1);
+ *   [bias_k; zero row] appended to k and v; attn = sdpa_attention with scale 1/sqrt(Dh)
+ *   (query head h reads kv head h / (H/Hkv)); out = concat_heads(attn) W_o^T + b_o.
+ *
+ * @param query [B, L, E]; key [B, S, kdim]; value [B, S, vdim] (rank 3, any strides:
+ *              PyTorch's batch_first=False [L, B, E] buffer is the view of shape [B, L, E]
+ *              with strides {E, B*E, 1}). Self-attention passes the same view three times.
+ * @param out   [out] [B, L, E].
+ * @param attn_weights [out] nullable (need_weights=False): [B, L, S'] averaged over heads, or
+ *              [B, H, L, S'] with options->per_head_weights = 1; probabilities, 0 where blocked.
+ * @param options nullable (= defaults).
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER (params, views, a required weight), SDPA_ERR_STRUCT_VERSION,
+ *         SDPA_ERR_RANK, SDPA_ERR_SHAPE (a weight or input size disagrees with E, H, Dh,
+ *         kdim, vdim; E % H != 0 without head_dim; H % Hkv != 0; packed weights with kdim,
+ *         vdim or GQA), SDPA_ERR_BROADCAST, SDPA_ERR_STRIDE, SDPA_ERR_OVERLAP,
+ *         SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_DTYPE, SDPA_ERR_INVALID_ARGUMENT (flags, dropout_p,
+ *         lengths), SDPA_ERR_EMPTY_ROW, SDPA_ERR_NON_FINITE, SDPA_ERR_WORKSPACE_TOO_SMALL,
+ *         SDPA_ERR_OUT_OF_MEMORY. On failure nothing is written.
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mha_forward(const sdpa_mha_params *params,
+                                                     const sdpa_tensor *query, const sdpa_tensor *key,
+                                                     const sdpa_tensor *value,
+                                                     const sdpa_mha_options *options,
+                                                     const sdpa_tensor *out,
+                                                     const sdpa_tensor *attn_weights);
+
+/**
+ * Bytes of workspace sdpa_mha_forward() needs for these parameters, shapes and options:
+ * the projected q, k, v and the attention output (O(B*(L+S')*(Dq+Dkv)) floats) plus the
+ * attention workspace; O(L*S) only when weights are requested or two masks must be combined.
+ * @retval SDPA_OK or the shape errors of sdpa_mha_forward().
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_mha_workspace_size(const sdpa_mha_params *params,
+                                                            const sdpa_tensor *query,
+                                                            const sdpa_tensor *key,
+                                                            const sdpa_tensor *value,
+                                                            const sdpa_mha_options *options,
+                                                            int weights_requested, size_t *bytes);
 
 #ifdef __cplusplus
 } /* extern "C" */

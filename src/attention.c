@@ -222,10 +222,10 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
     if (!(o->dropout_p >= 0.0f && o->dropout_p < 1.0f))
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->dropout_p=%g must be in [0, 1)", FN,
                           (double)o->dropout_p);
-    if (o->dropout_p != 0.0f)
-        return sdpa__fail(SDPA_ERR_UNSUPPORTED,
-                          "%s: options->dropout_p=%g: dropout arrives in libsdpa 0.2; pass 0 for inference", FN,
-                          (double)o->dropout_p);
+    if (o->kernel < SDPA_KERNEL_AUTO || o->kernel > SDPA_KERNEL_DECODE)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->kernel=%d is not an sdpa_kernel", FN, (int)o->kernel);
+    if (o->reserved0 != 0)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->reserved0=%d must be 0", FN, (int)o->reserved0);
     if (o->alignment == SDPA_ALIGN_OFFSETS) {
         if (o->query_offsets == NULL && p->B > 0)
             return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->alignment is SDPA_ALIGN_OFFSETS but query_offsets is NULL", FN);
@@ -315,7 +315,11 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
     p->empty_rows = o->empty_rows;
     p->weights_stage = o->weights_stage;
     p->check_finite = o->skip_finite_check == 0;
-    p->num_threads = o->num_threads;
+    p->num_threads = o->num_threads > 0 ? o->num_threads : sdpa__online_cpus();
+    p->kernel = o->kernel;
+    p->dropout_p = o->dropout_p;
+    p->dropout_seed = o->dropout_seed;
+    p->dropout_offset = o->dropout_offset;
     p->row_block = p->L < 64 ? (p->L > 0 ? p->L : 1) : 64;
     return SDPA_OK;
 }

@@ -106,7 +106,10 @@ typedef struct sdpa__plan {
     const int64_t *key_lengths, *query_lengths;
     int empty_rows, weights_stage;
     bool check_finite;
-    int num_threads;
+    int num_threads;                        /* resolved: >= 1 (0 in the options = online CPUs) */
+    int kernel;                             /* sdpa_kernel requested (AUTO, or forced) */
+    float dropout_p;                        /* 0 = no dropout */
+    uint64_t dropout_seed, dropout_offset;
     int64_t row_block;                      /* query rows per tile */
 } sdpa__plan;
 
@@ -125,6 +128,37 @@ static inline const float *sdpa__bias_row(const sdpa__plan *p, int64_t b, int64_
     return (const float *)p->bias.data + b * p->bias.strides[0] + h * p->bias.strides[1] +
            i * p->bias.strides[2];
 }
+
+/* ---- threads.c: the library's own fork-join parallelism (no pool, no global state) ---- */
+
+#define SDPA__MAX_THREADS 256
+/* Online CPUs, clamped to [1, SDPA__MAX_THREADS]. */
+int sdpa__online_cpus(void);
+/* fn(ctx, task, thread_index) for every task in [0, ntasks), on up to nthreads threads (the
+ * calling thread is thread 0; thread_index < nthreads selects per-thread scratch). Tasks are
+ * claimed dynamically, so a task's result must not depend on the thread that runs it. If a
+ * thread cannot be created, the remaining threads run its share: this never fails. */
+typedef void (*sdpa__task_fn)(void *ctx, int64_t task, int thread_index);
+void sdpa__parallel_for(int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ctx);
+
+/* ---- dropout.c: counter-based dropout (Philox4x32-10, Random123); see sdpa_options ---- */
+
+typedef struct sdpa__dropout {
+    bool on;            /* p > 0 */
+    uint32_t key[2];    /* key' derived from (seed, offset) */
+    uint32_t threshold; /* element dropped iff its 32-bit draw < threshold */
+    float scale;        /* 1 / (1 - p), applied once to a row's output by the kernel */
+} sdpa__dropout;
+
+/* Prepare the dropout state for (p, seed, offset); p = 0 gives on = false. */
+void sdpa__dropout_init(sdpa__dropout *d, float p, uint64_t seed, uint64_t offset);
+/* keep[t] = 1 if element (b, h, i, j0 + t) is kept, else 0, for t in [0, n). */
+void sdpa__dropout_keep(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i, int64_t j0,
+                        int64_t n, uint8_t *keep);
+/* row[t] = 0 where element (b, h, i, j0 + t) is dropped; kept entries are unchanged (the
+ * kernel multiplies the row's output by d->scale once). */
+void sdpa__dropout_apply(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i, int64_t j0,
+                         int64_t n, float *row);
 
 /* ---- kernels ---- */
 size_t sdpa__reference_workspace_bytes(const sdpa__plan *p);
