@@ -135,8 +135,8 @@ static bool pair_allowed(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, i
 /* A row that float32 cannot carry (a score or the P.V sum overflowed although the inputs are
  * finite): softmax, P.V, lse and probabilities in double from recomputed scores. Rare, so
  * scores are recomputed per pass instead of stored. The row has at least one allowed key. */
-static void row_in_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, double *acc, float *orow,
-                          float *wrow, float *lrow) {
+static void row_in_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
+                          double *acc, float *orow, float *wrow, float *lrow) {
     const float *vbase = at(p->v.data, b * p->v.strides[0] + (h / p->group) * p->v.strides[1]);
     int64_t lo, hi;
     sdpa__row_range(p, b, i, &lo, &hi);
@@ -153,11 +153,15 @@ static void row_in_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, 
         const double e = exp(score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED) - mx);
         const float *vrow = at((float *)vbase, j * p->v.strides[2]);
         sum += e;
+        uint8_t kept = 1;
+        sdpa__dropout_keep(drop, b, h, i, j, 1, &kept);
+        if (!kept)
+            continue;
         for (int64_t d = 0; d < p->Ev; ++d)
             acc[d] += e * (double)vrow[d * p->v.strides[3]];
     }
     for (int64_t d = 0; d < p->Ev; ++d)
-        orow[d * p->out.strides[3]] = (float)(acc[d] / sum);
+        orow[d * p->out.strides[3]] = (float)(acc[d] / sum * (double)drop->scale);
     if (lrow)
         *lrow = (float)(mx + log(sum));
     if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
@@ -171,8 +175,9 @@ static void row_in_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, 
 /* Step 2 for row i: turns its scores s[0, n) (keys jlo + [0, n)) into probabilities, exact 0
  * where blocked, writes lse and weights, and returns ROW_PV if out still needs P.V, or
  * ROW_DONE if the row is complete (padding, empty, or redone in double). */
-static int softmax_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, float *s, int64_t jlo, int64_t n,
-                       uint8_t *allowed, double *acc, float *orow, float *wrow, float *lrow) {
+static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i, float *s,
+                       int64_t jlo, int64_t n, uint8_t *allowed, double *acc, float *orow, float *wrow,
+                       float *lrow) {
     const int64_t jhi = jlo + n;
     if (sdpa__row_is_padding(p, b, i)) {
         zero_row(orow, p->Ev, p->out.strides[3]);
@@ -228,7 +233,7 @@ static int softmax_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, flo
         return ROW_DONE;
     }
     if (overflow) { /* a float32 score overflowed: redo this row in double */
-        row_in_double(p, b, h, i, acc, orow, wrow, lrow);
+        row_in_double(p, drop, b, h, i, acc, orow, wrow, lrow);
         return ROW_DONE;
     }
     const float mx = sdpa__masked_max(s, allowed, n);
@@ -239,7 +244,8 @@ static int softmax_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, flo
     if (lrow)
         *lrow = (float)((double)mx + log(sum));
     if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
-        write_probs_row(p, wrow, s, jlo, jhi);
+        write_probs_row(p, wrow, s, jlo, jhi); /* pre-dropout, as documented */
+    sdpa__dropout_apply(drop, b, h, i, jlo, n, s);
     return ROW_PV;
 }
 
@@ -264,6 +270,8 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
     float *vgather = (float *)(ws + l.vgather);
     double *acc = (double *)(ws + l.acc);
     const bool score_stage = p->has_weights && p->weights_stage != SDPA_WEIGHTS_PROBABILITIES;
+    sdpa__dropout drop;
+    sdpa__dropout_init(&drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
 
     for (int64_t b = 0; b < p->B; ++b) {
         for (int64_t h = 0; h < p->Hq; ++h) {
@@ -297,7 +305,8 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                     const int64_t i = i0 + r;
                     float *orow, *wrow, *lrow;
                     row_outputs(p, b, h, i, &orow, &wrow, &lrow);
-                    state[r] = (uint8_t)softmax_row(p, b, h, i, tile + r * n, jlo, n, allowed, acc, orow, wrow, lrow);
+                    state[r] = (uint8_t)softmax_row(p, &drop, b, h, i, tile + r * n, jlo, n, allowed, acc, orow,
+                                                    wrow, lrow);
                     if (state[r] == ROW_DONE)
                         memset(tile + r * n, 0, (size_t)n * sizeof(float)); /* no contribution to P.V */
                     else
@@ -333,11 +342,12 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                     row_outputs(p, b, h, i, &orow, &wrow, &lrow);
                     bool finite = true;
                     for (int64_t d = 0; d < p->Ev; ++d) {
-                        orow[d * p->out.strides[3]] = otile[r * p->Ev + d];
-                        finite = finite && isfinite(otile[r * p->Ev + d]);
+                        const float x = drop.on ? otile[r * p->Ev + d] * drop.scale : otile[r * p->Ev + d];
+                        orow[d * p->out.strides[3]] = x;
+                        finite = finite && isfinite(x);
                     }
                     if (!finite) /* the float32 P.V sum overflowed (|v| near FLT_MAX): redo in double */
-                        row_in_double(p, b, h, i, acc, orow, wrow, lrow);
+                        row_in_double(p, &drop, b, h, i, acc, orow, wrow, lrow);
                 }
             }
         }

@@ -717,7 +717,7 @@ static void validation_struct_size_rules_are_enforced(void **state)
 {
     (void)state;
     fx *f = fx_new();
-    const size_t small_sizes[3] = {0, 8, sizeof(sdpa_options) - sizeof(size_t)};
+    const size_t small_sizes[3] = {0, 8, offsetof(sdpa_options, workspace_bytes)};
     for (int i = 0; i < 3; ++i) {
         f->opt.struct_size = small_sizes[i];
         CHECK_FAIL(f, SDPA_ERR_STRUCT_VERSION, "struct_size smaller than v1");
@@ -740,12 +740,46 @@ static void validation_struct_size_rules_are_enforced(void **state)
     free(f);
 }
 
-static void validation_dropout_is_unsupported(void **state)
+static void validation_dropout_kernel_and_reserved_ranges(void **state)
+{
+    (void)state;
+    const float bad_p[] = {1.0f, -0.25f, 1.5f, NAN, INFINITY};
+    for (size_t t = 0; t < sizeof bad_p / sizeof bad_p[0]; ++t) {
+        fx *f = fx_new();
+        f->opt.dropout_p = bad_p[t];
+        CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "dropout_p outside [0, 1)");
+        free(f);
+    }
+    const int32_t bad_kernel[] = {-1, 4, 1000};
+    for (size_t t = 0; t < sizeof bad_kernel / sizeof bad_kernel[0]; ++t) {
+        fx *f = fx_new();
+        f->opt.kernel = bad_kernel[t];
+        CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "kernel not an sdpa_kernel");
+        free(f);
+    }
+    fx *f = fx_new();
+    f->opt.reserved0 = 3;
+    CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "options reserved0 not 0");
+    free(f);
+}
+
+/* A caller compiled against 0.1 passes the 0.1 struct_size (up to workspace_bytes): the
+ * fields appended in 0.2 take their defaults. */
+static void validation_options_of_0_1_size_are_accepted(void **state)
 {
     (void)state;
     fx *f = fx_new();
-    f->opt.dropout_p = 0.5f;
-    CHECK_FAIL(f, SDPA_ERR_UNSUPPORTED, "dropout_p 0.5");
+    const size_t v01 = offsetof(sdpa_options, workspace_bytes) + sizeof(size_t);
+    unsigned char *small = calloc(1, sizeof(sdpa_options));
+    assert_non_null(small);
+    sdpa_options_init_sized((sdpa_options *)(void *)small, v01);
+    assert_int_equal(((sdpa_options *)(void *)small)->struct_size, v01);
+    small[v01] = 0xAB; /* beyond the caller's struct: must not be read */
+    sdpa_status st = fx_call(f, &f->tq, &f->tk, &f->tv, (const sdpa_options *)(const void *)small, &f->to);
+    if (st != SDPA_OK) {
+        fail_msg("0.1-sized options: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    free(small);
     free(f);
 }
 
@@ -1311,7 +1345,8 @@ int main(void)
         cmocka_unit_test(validation_reserved_fields_must_be_zero),
         cmocka_unit_test(validation_shape_beyond_rank_must_be_zero),
         cmocka_unit_test(validation_struct_size_rules_are_enforced),
-        cmocka_unit_test(validation_dropout_is_unsupported),
+        cmocka_unit_test(validation_dropout_kernel_and_reserved_ranges),
+        cmocka_unit_test(validation_options_of_0_1_size_are_accepted),
         cmocka_unit_test(validation_small_workspace_is_rejected),
         cmocka_unit_test(validation_caller_workspace_of_queried_size_works),
         cmocka_unit_test(validation_workspace_does_not_grow_with_l_times_s),
