@@ -6,11 +6,12 @@
  *   (format: tests/data/bug-reports/README.md).
  *
  * Runs every case whose op is "sdpa" through sdpa_attention() (there must be exactly 9) and
- * compares output, weights and lse where the case gives them, with the case's own tolerance.
+ * every case whose op is "mha" through sdpa_mha_forward() (exactly 1), and compares output,
+ * weights and lse where the case gives them, with the case's own tolerance.
  * A case expecting an error must fail with the mapped status and leave the canary-filled
  * outputs untouched. Parameters the runner cannot map make the case fail, never skip.
- * Cases of other ops (the MHA layer, mask builders) are not run by this runner yet; they are
- * listed on one line. Ends with "N passed, M failed"; exits non-zero on any failure.
+ * Cases of other ops (mask builders) are not run by this runner yet; they are listed on one
+ * line. Ends with "N passed, M failed"; exits non-zero on any failure.
  */
 #include "conf_util.h"
 
@@ -22,6 +23,7 @@
 #include "sdpa.h"
 
 #define EXPECTED_SDPA_CASES 9
+#define EXPECTED_MHA_CASES 1
 
 typedef struct farray {
     int rank;
@@ -495,6 +497,286 @@ done:
     return failed;
 }
 
+/* ------------------------------------------------------------------ op "mha" */
+
+/* An MHA case: inputs query [B,L,E], key [B,S,kdim], value [B,S,vdim] (layout "BLE") and the
+ * projections w_q/b_q, w_k/b_k, w_v/b_v, w_o/b_o as PyTorch stores them ([out, in],
+ * y = x W^T + b). The three input biases become the layer's in_proj_bias [q; k; v]. */
+enum { MHA_Q, MHA_K, MHA_V, MHA_WQ, MHA_BQ, MHA_WK, MHA_BK, MHA_WV, MHA_BV, MHA_WO, MHA_BO, MHA_N };
+static const char *const MHA_NAMES[MHA_N] = {"query", "key", "value", "w_q", "b_q", "w_k",
+                                             "b_k", "w_v", "b_v", "w_o", "b_o"};
+
+static int run_mha_case(const cJSON *root, char *err, size_t errlen, double *max_err)
+{
+    farray a[MHA_N], exp_out, exp_w;
+    float *in_bias = NULL, *out = NULL, *out0 = NULL, *w = NULL, *w0 = NULL;
+    int failed = 1;
+    memset(a, 0, sizeof a);
+    memset(&exp_out, 0, sizeof exp_out);
+    memset(&exp_w, 0, sizeof exp_w);
+    err[0] = '\0';
+
+    const cJSON *inputs = cJSON_GetObjectItemCaseSensitive(root, "inputs");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "params");
+    const cJSON *expected = cJSON_GetObjectItemCaseSensitive(root, "expected");
+    const cJSON *tol = cJSON_GetObjectItemCaseSensitive(root, "tolerance");
+    const cJSON *jr = cJSON_GetObjectItemCaseSensitive(tol, "rtol");
+    const cJSON *ja = cJSON_GetObjectItemCaseSensitive(tol, "atol");
+    if (!cJSON_IsObject(inputs) || !cJSON_IsObject(params) || !cJSON_IsObject(expected) ||
+        !cJSON_IsNumber(jr) || !cJSON_IsNumber(ja)) {
+        snprintf(err, errlen, "case lacks inputs/params/expected/tolerance (rtol, atol)");
+        goto done;
+    }
+    const double rtol = jr->valuedouble, atol = ja->valuedouble;
+
+    const cJSON *it;
+    cJSON_ArrayForEach(it, inputs)
+    {
+        int idx = 0;
+        while (idx < MHA_N && strcmp(it->string, MHA_NAMES[idx]) != 0)
+            idx++;
+        if (idx == MHA_N || a[idx].data) {
+            snprintf(err, errlen, "input '%s' cannot be expressed", it->string);
+            goto done;
+        }
+        if (load_farray(it, it->string, &a[idx], err, errlen) != 0)
+            goto done;
+    }
+    for (int i = 0; i < MHA_N; i++) {
+        /* b_* may be absent (bias=False); everything else is required. */
+        int is_bias = i == MHA_BQ || i == MHA_BK || i == MHA_BV || i == MHA_BO;
+        if (!a[i].data && !is_bias) {
+            snprintf(err, errlen, "input '%s' missing", MHA_NAMES[i]);
+            goto done;
+        }
+    }
+    if ((a[MHA_BQ].data != NULL) != (a[MHA_BK].data != NULL) ||
+        (a[MHA_BQ].data != NULL) != (a[MHA_BV].data != NULL)) {
+        snprintf(err, errlen, "b_q, b_k, b_v must be given together");
+        goto done;
+    }
+    if (a[MHA_Q].rank != 3 || a[MHA_K].rank != 3 || a[MHA_V].rank != 3) {
+        snprintf(err, errlen, "query, key and value must be 3D (BLE)");
+        goto done;
+    }
+    const int64_t B = a[MHA_Q].shape[0], L = a[MHA_Q].shape[1], E = a[MHA_Q].shape[2];
+
+    sdpa_mha_params mp;
+    sdpa_mha_params_init(&mp);
+    mp.embed_dim = E;
+    mp.kdim = a[MHA_K].shape[2];
+    mp.vdim = a[MHA_V].shape[2];
+    sdpa_mha_options mo;
+    sdpa_mha_options_init(&mo);
+    int need_weights = 0, average = 1, have_heads = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, params)
+    {
+        const char *key = p->string;
+        int64_t iv;
+        if (strcmp(key, "layout") == 0) {
+            if (!cJSON_IsString(p) || strcmp(p->valuestring, "BLE") != 0) {
+                snprintf(err, errlen, "layout other than BLE cannot be expressed");
+                goto done;
+            }
+        } else if (strcmp(key, "num_heads") == 0) {
+            if (conf_json_int(p, 1, INT32_MAX, &iv) != 0) {
+                snprintf(err, errlen, "num_heads is not a positive integer");
+                goto done;
+            }
+            mp.num_heads = iv;
+            have_heads = 1;
+        } else if (strcmp(key, "num_kv_heads") == 0) {
+            if (conf_json_int(p, 1, INT32_MAX, &iv) != 0) {
+                snprintf(err, errlen, "num_kv_heads is not a positive integer");
+                goto done;
+            }
+            mp.num_kv_heads = iv;
+        } else if (strcmp(key, "is_causal") == 0) {
+            if (!cJSON_IsBool(p)) {
+                snprintf(err, errlen, "is_causal is not a bool");
+                goto done;
+            }
+            mo.causal = cJSON_IsTrue(p) ? 1 : 0;
+        } else if (strcmp(key, "scale") == 0) {
+            /* The layer always scales by 1/sqrt(head_dim); only null (= default) maps. */
+            if (!cJSON_IsNull(p)) {
+                snprintf(err, errlen, "an explicit MHA scale cannot be expressed");
+                goto done;
+            }
+        } else if (strcmp(key, "dropout_p") == 0) {
+            float dp;
+            if (json_float(p, &dp) != 0) {
+                snprintf(err, errlen, "dropout_p is not a number");
+                goto done;
+            }
+            mo.dropout_p = dp; /* eval mode (training = 0): no dropout is applied */
+        } else if (strcmp(key, "empty_row_policy") == 0) {
+            if (cJSON_IsString(p) && strcmp(p->valuestring, "error") == 0) {
+                mo.empty_rows = SDPA_EMPTY_ROWS_ERROR;
+            } else if (cJSON_IsString(p) && strcmp(p->valuestring, "zero") == 0) {
+                mo.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+            } else {
+                snprintf(err, errlen, "empty_row_policy cannot be expressed");
+                goto done;
+            }
+        } else if (strcmp(key, "need_weights") == 0 || strcmp(key, "average_weights") == 0) {
+            if (!cJSON_IsBool(p)) {
+                snprintf(err, errlen, "%s is not a bool", key);
+                goto done;
+            }
+            if (key[0] == 'n')
+                need_weights = cJSON_IsTrue(p);
+            else
+                average = cJSON_IsTrue(p);
+        } else {
+            snprintf(err, errlen, "param '%s' cannot be expressed", key);
+            goto done;
+        }
+    }
+    if (!have_heads) {
+        snprintf(err, errlen, "num_heads missing");
+        goto done;
+    }
+    mo.per_head_weights = average ? 0 : 1;
+    const int64_t H = mp.num_heads, S = a[MHA_K].shape[1];
+
+    /* ---- expected */
+    const cJSON *jerr = cJSON_GetObjectItemCaseSensitive(expected, "error");
+    sdpa_status want_status = SDPA_OK;
+    if (jerr && (!cJSON_IsString(jerr) || error_status(jerr->valuestring, &want_status) != 0)) {
+        snprintf(err, errlen, "expected error cannot be mapped to a status");
+        goto done;
+    }
+    cJSON_ArrayForEach(it, expected)
+    {
+        if (strcmp(it->string, "error") == 0)
+            continue;
+        farray *dst = strcmp(it->string, "output") == 0    ? &exp_out
+                      : strcmp(it->string, "weights") == 0 ? &exp_w
+                                                           : NULL;
+        if (!dst) {
+            snprintf(err, errlen, "expected '%s' cannot be expressed", it->string);
+            goto done;
+        }
+        if (load_farray(it, it->string, dst, err, errlen) != 0)
+            goto done;
+    }
+    if (!jerr && !exp_out.data) {
+        snprintf(err, errlen, "expected has neither error nor output");
+        goto done;
+    }
+    if (exp_w.data && !need_weights) {
+        snprintf(err, errlen, "expected weights without need_weights");
+        goto done;
+    }
+    const int64_t out_shape[3] = {B, L, E};
+    const int64_t w_shape[4] = {B, H, L, S}, wa_shape[3] = {B, L, S};
+    const int w_rank = average ? 3 : 4;
+    const int64_t *wsh = average ? wa_shape : w_shape;
+    if ((exp_out.data && !same_shape(&exp_out, 3, out_shape)) ||
+        (exp_w.data && !same_shape(&exp_w, w_rank, wsh))) {
+        snprintf(err, errlen, "expected outputs have unexpected shapes");
+        goto done;
+    }
+
+    /* ---- views */
+    sdpa_tensor tq, tk, tv, twq, twk, twv, two, tbo, tib, to, tw;
+    sdpa_status st;
+    int64_t Dq = a[MHA_WQ].shape[0], Dkv = a[MHA_WK].shape[0];
+    int64_t nb = Dq + 2 * Dkv;
+    if (a[MHA_BQ].data) {
+        if (a[MHA_BQ].n != Dq || a[MHA_BK].n != Dkv || a[MHA_BV].n != Dkv) {
+            snprintf(err, errlen, "b_q/b_k/b_v sizes do not match w_q/w_k/w_v rows");
+            goto done;
+        }
+        in_bias = malloc((size_t)nb * sizeof(float));
+        if (!in_bias) {
+            snprintf(err, errlen, "out of memory");
+            goto done;
+        }
+        memcpy(in_bias, a[MHA_BQ].data, (size_t)Dq * sizeof(float));
+        memcpy(in_bias + Dq, a[MHA_BK].data, (size_t)Dkv * sizeof(float));
+        memcpy(in_bias + Dq + Dkv, a[MHA_BV].data, (size_t)Dkv * sizeof(float));
+    }
+    const int64_t n_out = conf_numel(out_shape, 3), n_w = conf_numel(wsh, w_rank);
+    out = alloc_canary(n_out, &out0);
+    if (need_weights)
+        w = alloc_canary(n_w, &w0);
+    if (!out || !out0 || (need_weights && (!w || !w0))) {
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    if ((st = sdpa_tensor_init(&tq, a[MHA_Q].data, 3, a[MHA_Q].shape)) != SDPA_OK ||
+        (st = sdpa_tensor_init(&tk, a[MHA_K].data, 3, a[MHA_K].shape)) != SDPA_OK ||
+        (st = sdpa_tensor_init(&tv, a[MHA_V].data, 3, a[MHA_V].shape)) != SDPA_OK ||
+        (st = sdpa_tensor_init(&twq, a[MHA_WQ].data, a[MHA_WQ].rank, a[MHA_WQ].shape)) != SDPA_OK ||
+        (st = sdpa_tensor_init(&twk, a[MHA_WK].data, a[MHA_WK].rank, a[MHA_WK].shape)) != SDPA_OK ||
+        (st = sdpa_tensor_init(&twv, a[MHA_WV].data, a[MHA_WV].rank, a[MHA_WV].shape)) != SDPA_OK ||
+        (st = sdpa_tensor_init(&two, a[MHA_WO].data, a[MHA_WO].rank, a[MHA_WO].shape)) != SDPA_OK ||
+        (a[MHA_BO].data &&
+         (st = sdpa_tensor_init(&tbo, a[MHA_BO].data, a[MHA_BO].rank, a[MHA_BO].shape)) != SDPA_OK) ||
+        (in_bias && (st = sdpa_tensor_init(&tib, in_bias, 1, &nb)) != SDPA_OK) ||
+        (st = sdpa_tensor_init(&to, out, 3, out_shape)) != SDPA_OK ||
+        (need_weights && (st = sdpa_tensor_init(&tw, w, w_rank, wsh)) != SDPA_OK)) {
+        snprintf(err, errlen, "sdpa_tensor_init: %s: %s", sdpa_status_string(st),
+                 sdpa_last_error_message());
+        goto done;
+    }
+    mp.q_proj_weight = &twq;
+    mp.k_proj_weight = &twk;
+    mp.v_proj_weight = &twv;
+    mp.out_proj_weight = &two;
+    mp.out_proj_bias = a[MHA_BO].data ? &tbo : NULL;
+    mp.in_proj_bias = in_bias ? &tib : NULL;
+    if (Dq % H != 0) {
+        snprintf(err, errlen, "w_q rows %lld not divisible by num_heads %lld", (long long)Dq,
+                 (long long)H);
+        goto done;
+    }
+    mp.head_dim = Dq == E ? 0 : Dq / H; /* 0 = E / H: the default the case is about */
+
+    st = sdpa_mha_forward(&mp, &tq, &tk, &tv, &mo, &to, need_weights ? &tw : NULL);
+    if (jerr) {
+        const char *msg = sdpa_last_error_message();
+        if (st != want_status) {
+            snprintf(err, errlen, "expected %s, got %s%s%s", sdpa_status_string(want_status),
+                     sdpa_status_string(st), st != SDPA_OK ? ": " : "", st != SDPA_OK ? msg : "");
+            goto done;
+        }
+        if (memcmp(out, out0, (size_t)n_out * sizeof(float)) != 0 ||
+            (need_weights && memcmp(w, w0, (size_t)n_w * sizeof(float)) != 0)) {
+            snprintf(err, errlen, "failed with %s as expected but wrote to an output",
+                     sdpa_status_string(st));
+            goto done;
+        }
+        snprintf(err, errlen, "%s as expected: %s", sdpa_status_string(st), msg);
+        failed = 0;
+        goto done;
+    }
+    if (st != SDPA_OK) {
+        snprintf(err, errlen, "sdpa_mha_forward returned %s: %s", sdpa_status_string(st),
+                 sdpa_last_error_message());
+        goto done;
+    }
+    int bad = compare("output", out, &exp_out, rtol, atol, err, errlen, max_err);
+    if (exp_w.data)
+        bad |= compare("weights", w, &exp_w, rtol, atol, err, errlen, max_err);
+    failed = bad;
+
+done:
+    for (int i = 0; i < MHA_N; i++)
+        free(a[i].data);
+    free(exp_out.data);
+    free(exp_w.data);
+    free(in_bias);
+    free(out);
+    free(out0);
+    free(w);
+    free(w0);
+    return failed;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -509,7 +791,7 @@ int main(int argc, char **argv)
         printf("0 passed, 1 failed\n");
         return 1;
     }
-    int passed = 0, failed = 0, sdpa_cases = 0;
+    int passed = 0, failed = 0, sdpa_cases = 0, mha_cases = 0;
     char later[1024] = "";
     for (int i = 0; i < n; i++) {
         char *path = conf_path_join(argv[1], names[i]);
@@ -529,14 +811,19 @@ int main(int argc, char **argv)
         if (!cJSON_IsString(op)) {
             printf("FAIL %s: no op\n", name);
             failed++;
-        } else if (strcmp(op->valuestring, "sdpa") != 0) {
+        } else if (strcmp(op->valuestring, "sdpa") != 0 && strcmp(op->valuestring, "mha") != 0) {
             size_t used = strlen(later);
             snprintf(later + used, sizeof later - used, "%s%s (op %s)", used ? ", " : "", name,
                      op->valuestring);
         } else {
-            sdpa_cases++;
+            const int is_mha = strcmp(op->valuestring, "mha") == 0;
+            if (is_mha)
+                mha_cases++;
+            else
+                sdpa_cases++;
             double max_err = 0.0;
-            if (run_case(root, err, sizeof err, &max_err) == 0) {
+            if ((is_mha ? run_mha_case(root, err, sizeof err, &max_err)
+                        : run_case(root, err, sizeof err, &max_err)) == 0) {
                 passed++;
                 if (err[0])
                     printf("ok   %s (%s)\n", name, err);
@@ -550,11 +837,16 @@ int main(int argc, char **argv)
         cJSON_Delete(root);
     }
     conf_free_names(names, n);
-    printf("not run here, left for 0.2: %s\n", later[0] ? later : "none");
+    printf("not run here: %s\n", later[0] ? later : "none");
     if (sdpa_cases != EXPECTED_SDPA_CASES) {
         printf("FAIL: found %d sdpa cases, expected %d\n", sdpa_cases, EXPECTED_SDPA_CASES);
         failed += sdpa_cases < EXPECTED_SDPA_CASES ? EXPECTED_SDPA_CASES - sdpa_cases : 0;
     }
+    if (mha_cases != EXPECTED_MHA_CASES) {
+        printf("FAIL: found %d mha cases, expected %d\n", mha_cases, EXPECTED_MHA_CASES);
+        failed += mha_cases < EXPECTED_MHA_CASES ? EXPECTED_MHA_CASES - mha_cases : 0;
+    }
     printf("%d passed, %d failed\n", passed, failed);
-    return (failed > 0 || sdpa_cases != EXPECTED_SDPA_CASES) ? 1 : 0;
+    return (failed > 0 || sdpa_cases != EXPECTED_SDPA_CASES || mha_cases != EXPECTED_MHA_CASES) ? 1
+                                                                                               : 0;
 }
