@@ -1,0 +1,49 @@
+"""sdpa: Python bindings (ctypes + numpy) of libsdpa, validated scaled dot-product attention.
+
+    import numpy as np, sdpa
+    out = sdpa.scaled_dot_product_attention(q, k, v, causal=True)      # q [B, H, L, E] float32
+    out, lse = sdpa.scaled_dot_product_attention(q, k, v, need_lse=True)
+    layer = sdpa.MultiheadAttention.from_state_dict(state_dict, num_heads=8)
+    y, w = layer(x, x, x)
+
+numpy float32 arrays of any strides are passed to the library as views, never copied. Errors
+raise sdpa.SdpaError subclasses carrying the status and the library's message. The library is
+found through $SDPA_LIBRARY, then this checkout's build*/ directories, then the system loader
+(see sdpa._lib), and must be libsdpa 0.x with x >= 2.
+"""
+from ._errors import (STATUS_NAMES, SdpaArgumentError, SdpaDtypeError, SdpaError,
+                      SdpaInternalError, SdpaLibraryError, SdpaResourceError, SdpaShapeError,
+                      SdpaValueError, SdpaVersionError)
+from ._lib import EXPECTED_VERSION, load_library
+from .attention import (ALIGNMENTS, EMPTY_ROWS, KERNELS, WEIGHTS_STAGES, last_kernel, merge,
+                        scaled_dot_product_attention)
+from .masks import (allow_and, allow_from_additive, allow_from_ignore, allow_from_keep_int,
+                    allow_to_additive, block_diagonal_allow_mask, causal_allow_mask,
+                    count_empty_rows, padding_allow_mask, prefix_lm_allow_mask,
+                    sliding_window_allow_mask)
+from .mha import MultiheadAttention
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "scaled_dot_product_attention", "merge", "MultiheadAttention", "last_kernel",
+    "causal_allow_mask", "padding_allow_mask", "sliding_window_allow_mask",
+    "block_diagonal_allow_mask", "prefix_lm_allow_mask", "allow_and", "allow_from_ignore",
+    "allow_from_keep_int", "allow_from_additive", "allow_to_additive", "count_empty_rows",
+    "SdpaError", "SdpaArgumentError", "SdpaShapeError", "SdpaDtypeError", "SdpaValueError",
+    "SdpaResourceError", "SdpaInternalError", "SdpaLibraryError", "SdpaVersionError",
+    "STATUS_NAMES", "ALIGNMENTS", "EMPTY_ROWS", "WEIGHTS_STAGES", "KERNELS",
+    "library", "load_library", "library_version", "EXPECTED_VERSION", "__version__",
+]
+
+
+def library():
+    """The loaded libsdpa (loading it on first use): .path, .origin, .version (a tuple),
+    .version_string."""
+    from . import _lib
+    return _lib.get()
+
+
+def library_version():
+    """The version string of the loaded libsdpa, e.g. "0.2.0"."""
+    return library().version_string

@@ -1,0 +1,398 @@
+"""Finding and loading libsdpa; ctypes mirrors of the structs of include/sdpa.h (0.2).
+
+The library is looked up, in this order:
+
+1. the environment variable ``SDPA_LIBRARY`` (a path; ``meson test`` sets it to the library it
+   just built);
+2. the build tree of the checkout this package lives in: ``libsdpa.so*`` under the
+   ``build*/`` directories of the repository root (``python/sdpa/../..``), preferring libraries
+   whose file name carries a compatible version, then ``build/``, then the newest;
+3. the system loader: ``ctypes.util.find_library("sdpa")``, else ``libsdpa.so.0``.
+
+It is loaded once per process, on first use (or by ``sdpa.load_library()``); the handle is the
+only module state of the package.
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+import re
+import threading
+
+from ._errors import SdpaLibraryError, SdpaVersionError, make_error
+
+#: The libsdpa version this package was written for: a library of the same major version and a
+#: minor version >= this one is accepted.
+EXPECTED_VERSION = (0, 2, 0)
+
+SDPA_MAX_RANK = 8
+SDPA_MASK_MAX_RANK = 4
+SDPA_DTYPE_F32 = 0
+
+c_status = ctypes.c_int  # sdpa_status is int-sized (SDPA_STATUS_FORCE_INT32_)
+
+
+# ---------------------------------------------------------------------------- struct mirrors
+# Pointer members are declared c_void_p (same size and alignment as any data pointer) and set
+# from integer addresses: no ctypes pointer objects, so no hidden references or cycles.
+
+class SdpaTensor(ctypes.Structure):
+    """sdpa_tensor: non-owning strided view; shape and strides in elements, outermost first."""
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("rank", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * SDPA_MAX_RANK),
+        ("strides", ctypes.c_int64 * SDPA_MAX_RANK),
+        ("reserved", ctypes.c_uint64 * 2),
+    ]
+
+
+class SdpaAllowMask(ctypes.Structure):
+    """sdpa_allow_mask: uint8, nonzero = the key may take part."""
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("rank", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * SDPA_MASK_MAX_RANK),
+        ("strides", ctypes.c_int64 * SDPA_MASK_MAX_RANK),
+    ]
+
+
+class SdpaOptions(ctypes.Structure):
+    """sdpa_options of 0.2, field for field (the 0.1 layout plus kernel and reserved0)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("scale", ctypes.c_float),
+        ("softcap", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("alignment", ctypes.c_int32),
+        ("query_offsets", ctypes.c_void_p),   # const int64_t *
+        ("sliding_window", ctypes.c_int32),
+        ("empty_rows", ctypes.c_int32),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+        ("allow_mask", ctypes.c_void_p),      # const sdpa_allow_mask *
+        ("bias", ctypes.c_void_p),            # const sdpa_tensor *
+        ("key_lengths", ctypes.c_void_p),     # const int64_t *
+        ("query_lengths", ctypes.c_void_p),   # const int64_t *
+        ("weights_stage", ctypes.c_int32),
+        ("skip_finite_check", ctypes.c_int32),
+        ("dropout_p", ctypes.c_float),
+        ("num_threads", ctypes.c_int32),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        # appended in 0.2
+        ("kernel", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+    ]
+
+
+class SdpaMhaParams(ctypes.Structure):
+    """sdpa_mha_params (0.2)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("embed_dim", ctypes.c_int64),
+        ("num_heads", ctypes.c_int64),
+        ("num_kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("kdim", ctypes.c_int64),
+        ("vdim", ctypes.c_int64),
+        ("in_proj_weight", ctypes.c_void_p),   # const sdpa_tensor * (all of these)
+        ("q_proj_weight", ctypes.c_void_p),
+        ("k_proj_weight", ctypes.c_void_p),
+        ("v_proj_weight", ctypes.c_void_p),
+        ("in_proj_bias", ctypes.c_void_p),
+        ("out_proj_weight", ctypes.c_void_p),
+        ("out_proj_bias", ctypes.c_void_p),
+        ("bias_k", ctypes.c_void_p),
+        ("bias_v", ctypes.c_void_p),
+        ("add_zero_attn", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+    ]
+
+
+class SdpaMhaOptions(ctypes.Structure):
+    """sdpa_mha_options (0.2)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("attn_mask", ctypes.c_void_p),        # const sdpa_allow_mask *
+        ("key_padding_mask", ctypes.c_void_p), # const sdpa_allow_mask *
+        ("attn_bias", ctypes.c_void_p),        # const sdpa_tensor *
+        ("key_lengths", ctypes.c_void_p),      # const int64_t *
+        ("query_lengths", ctypes.c_void_p),    # const int64_t *
+        ("causal", ctypes.c_int32),
+        ("per_head_weights", ctypes.c_int32),
+        ("training", ctypes.c_int32),
+        ("dropout_p", ctypes.c_float),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("empty_rows", ctypes.c_int32),
+        ("num_threads", ctypes.c_int32),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+# Sizes of the C structs on LP64 (Linux/macOS 64-bit). A mirror that drifts from the header
+# fails here, at import, instead of corrupting memory later.
+STRUCT_SIZES_LP64 = {
+    SdpaTensor: 160,
+    SdpaAllowMask: 80,
+    SdpaOptions: 144,
+    SdpaMhaParams: 136,
+    SdpaMhaOptions: 104,
+}
+if ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(ctypes.c_long) == 8:
+    for _struct, _size in STRUCT_SIZES_LP64.items():
+        assert ctypes.sizeof(_struct) == _size, \
+            f"{_struct.__name__} is {ctypes.sizeof(_struct)} bytes, the C struct {_size}"
+    assert SdpaOptions.kernel.offset == 136 and SdpaOptions.workspace_bytes.offset == 128
+    assert SdpaMhaParams.add_zero_attn.offset == 128
+    assert SdpaMhaOptions.dropout_p.offset == 60 and SdpaMhaOptions.empty_rows.offset == 80
+    del _struct, _size
+
+
+# --------------------------------------------------------------------- function signatures
+
+_T = ctypes.POINTER(SdpaTensor)
+_M = ctypes.POINTER(SdpaAllowMask)
+_O = ctypes.POINTER(SdpaOptions)
+_P = ctypes.POINTER(SdpaMhaParams)
+_MO = ctypes.POINTER(SdpaMhaOptions)
+_i64 = ctypes.c_int64
+_vp = ctypes.c_void_p
+_i64p = ctypes.POINTER(ctypes.c_int64)
+
+# name: (restype, argtypes). Buffers that the mask functions read or write are c_void_p and get
+# integer addresses of numpy arrays.
+SIGNATURES = {
+    "sdpa_version": (ctypes.c_uint, []),
+    "sdpa_version_string": (ctypes.c_char_p, []),
+    "sdpa_status_string": (ctypes.c_char_p, [c_status]),
+    "sdpa_last_error_message": (ctypes.c_char_p, []),
+    "sdpa_last_kernel": (ctypes.c_char_p, []),
+    "sdpa_options_init_sized": (None, [_O, ctypes.c_size_t]),
+    "sdpa_attention": (c_status, [_T, _T, _T, _O, _T, _T, _T]),
+    "sdpa_attention_workspace_size": (c_status, [_T, _T, _T, _O, ctypes.c_int,
+                                                 ctypes.POINTER(ctypes.c_size_t)]),
+    "sdpa_mask_causal": (c_status, [_vp, _i64, _i64, ctypes.c_int]),
+    "sdpa_mask_padding": (c_status, [_vp, _i64, _i64, _vp, ctypes.c_int]),
+    "sdpa_mask_sliding_window": (c_status, [_vp, _i64, _i64, _i64, _i64, ctypes.c_int]),
+    "sdpa_mask_block_diagonal": (c_status, [_vp, _i64, _vp, _vp, ctypes.c_int32, ctypes.c_int]),
+    "sdpa_mask_prefix_lm": (c_status, [_vp, _i64, _i64]),
+    "sdpa_mask_and": (c_status, [_M, _M, _vp, ctypes.c_int32, _vp]),
+    "sdpa_mask_from_ignore": (c_status, [_vp, _i64, _vp]),
+    "sdpa_mask_from_keep_int": (c_status, [_vp, _i64, _vp]),
+    "sdpa_mask_from_additive": (c_status, [_vp, _i64, _vp, _vp]),
+    "sdpa_mask_to_additive": (c_status, [_vp, _i64, _vp]),
+    "sdpa_mask_count_empty_rows": (c_status, [_M, _i64p, _i64p]),
+    "sdpa_merge": (c_status, [_T, _T, _T, _T, _T, _T]),
+    "sdpa_mha_params_init_sized": (None, [_P, ctypes.c_size_t]),
+    "sdpa_mha_options_init_sized": (None, [_MO, ctypes.c_size_t]),
+    "sdpa_mha_forward": (c_status, [_P, _T, _T, _T, _MO, _T, _T]),
+    "sdpa_mha_workspace_size": (c_status, [_P, _T, _T, _T, _MO, ctypes.c_int,
+                                           ctypes.POINTER(ctypes.c_size_t)]),
+}
+# Functions without which nothing works: loading fails if one is missing. The others are looked
+# up when first called and raise SdpaLibraryError naming the missing symbol.
+_REQUIRED = ("sdpa_version", "sdpa_version_string", "sdpa_status_string",
+             "sdpa_last_error_message", "sdpa_options_init_sized", "sdpa_attention")
+
+
+def version_tuple(number):
+    """(major, minor, patch) of an SDPA_VERSION_NUMBER (MAJOR*1000000 + MINOR*1000 + PATCH)."""
+    number = int(number)
+    return number // 1000000, (number // 1000) % 1000, number % 1000
+
+
+def version_compatible(found, expected=None):
+    """Whether a library of version `found` (a tuple) serves a package written for `expected`:
+    same major version and a minor version at least as new."""
+    if expected is None:
+        expected = EXPECTED_VERSION
+    return found[0] == expected[0] and found[1] >= expected[1]
+
+
+def _fmt(v):
+    return ".".join(str(x) for x in v)
+
+
+class Library:
+    """A loaded libsdpa: the ctypes handle, where it came from and its version."""
+
+    def __init__(self, cdll, path, origin):
+        self.cdll = cdll
+        self.path = path
+        self.origin = origin
+        self._missing = {}
+        for name, (restype, argtypes) in SIGNATURES.items():
+            try:
+                fn = getattr(cdll, name)
+            except AttributeError:
+                self._missing[name] = True
+                continue
+            fn.restype = restype
+            fn.argtypes = argtypes
+            setattr(self, name, fn)
+        missing = [n for n in _REQUIRED if n in self._missing]
+        if missing:
+            raise SdpaLibraryError(f"{path} (found via {origin}) is not libsdpa: it lacks "
+                                   + ", ".join(missing))
+        self.version_number = int(cdll.sdpa_version())
+        self.version = version_tuple(self.version_number)
+        self.version_string = cdll.sdpa_version_string().decode("utf-8", "replace")
+
+    def __getattr__(self, name):  # only reached for functions the library does not export
+        if name.startswith("sdpa_") and name in SIGNATURES:
+            raise SdpaLibraryError(
+                f"libsdpa {self.version_string} at {self.path} does not export {name} "
+                f"(expected in libsdpa >= {_fmt(EXPECTED_VERSION)}; the build is incomplete "
+                f"or older than this package)")
+        raise AttributeError(name)
+
+    def check(self, status):
+        """Raise the SdpaError of a non-zero status, with the detail message of this thread's
+        last failure (read right away, before any other libsdpa call)."""
+        if status != 0:
+            message = self.cdll.sdpa_last_error_message()
+            name = self.cdll.sdpa_status_string(status)
+            raise make_error(status, (message or b"").decode("utf-8", "replace"),
+                             (name or b"SDPA_ERR_UNKNOWN").decode("ascii", "replace"))
+
+    def status_string(self, status):
+        return self.cdll.sdpa_status_string(int(status)).decode("ascii", "replace")
+
+    def last_kernel(self):
+        return self.sdpa_last_kernel().decode("ascii", "replace")
+
+    def __repr__(self):
+        return f"<libsdpa {self.version_string} from {self.path} ({self.origin})>"
+
+
+# ------------------------------------------------------------------------------- finding
+
+def repository_root():
+    """The checkout this package sits in (python/sdpa/../..)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+_SONAME_VERSION = re.compile(r"libsdpa\.so\.(\d+)\.(\d+)\.(\d+)$")
+
+
+def _needs_asan(path):
+    """Whether a shared library was built with AddressSanitizer (it names libasan among its
+    dependencies). Loading one into an interpreter without the ASan runtime aborts the process."""
+    try:
+        with open(path, "rb") as fh:
+            return b"libasan.so" in fh.read()
+    except OSError:
+        return False
+
+
+def _asan_loaded():
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            return "libasan" in fh.read()
+    except OSError:
+        return False
+
+
+def build_tree_candidates(root=None, expected=None):
+    """libsdpa.so* files under root/build*/ (one per real file), best first: a file name with a
+    compatible version before others, then build/ itself, then the newest. Sanitizer builds are
+    left out unless the ASan runtime is already loaded (they would abort the interpreter)."""
+    root = root or repository_root()
+    seen = {}
+    for pattern in ("build*/libsdpa.so", "build*/libsdpa.so.*"):
+        for path in glob.glob(os.path.join(root, pattern)):
+            if not os.path.isfile(path) or path.endswith((".p", ".symbols")):
+                continue
+            real = os.path.realpath(path)
+            # Prefer the plain libsdpa.so name for each real file (what a user would type).
+            if real not in seen or path.endswith("libsdpa.so"):
+                seen[real] = path
+    ranked = []
+    asan = None
+    for real, path in seen.items():
+        if _needs_asan(real):
+            if asan is None:
+                asan = _asan_loaded()
+            if not asan:
+                continue
+        m = _SONAME_VERSION.search(os.path.basename(real))
+        version = tuple(int(x) for x in m.groups()) if m else None
+        compatible = version is not None and version_compatible(version, expected)
+        top = os.path.basename(os.path.dirname(path)) == "build"
+        ranked.append((not compatible, not top, -os.path.getmtime(real), path))
+    ranked.sort()
+    return [r[-1] for r in ranked]
+
+
+def find_library():
+    """(path or name, origin) of the libsdpa to load, without loading it; raises
+    SdpaLibraryError naming the places tried if there is none."""
+    env = os.environ.get("SDPA_LIBRARY")
+    if env:
+        return env, "SDPA_LIBRARY"
+    built = build_tree_candidates()
+    if built:
+        return built[0], f"build tree of {repository_root()}"
+    system = ctypes.util.find_library("sdpa")
+    return (system or "libsdpa.so.0"), "system loader"
+
+
+def load(path=None, origin=None, expected=None):
+    """Load libsdpa from `path` (default: find_library()) and check its version against
+    `expected` (default EXPECTED_VERSION). Returns a Library; does not cache it."""
+    if expected is None:
+        expected = EXPECTED_VERSION
+    if path is None:
+        path, origin = find_library()
+    origin = origin or "argument"
+    try:
+        cdll = ctypes.CDLL(path)
+    except OSError as e:
+        tried = ("the SDPA_LIBRARY environment variable, libsdpa.so* under "
+                 f"{os.path.join(repository_root(), 'build*')}, the system loader")
+        raise SdpaLibraryError(
+            f"cannot load libsdpa from {path} (found via {origin}): {e}. Looked in: {tried}. "
+            "Build it (meson setup build && ninja -C build) or set "
+            "SDPA_LIBRARY=/path/to/libsdpa.so") from None
+    lib = Library(cdll, path, origin)
+    if not version_compatible(lib.version, expected):
+        raise SdpaVersionError(
+            f"libsdpa version mismatch: found {lib.version_string} "
+            f"(sdpa_version() = {lib.version_number}) at {path} (via {origin}); this sdpa "
+            f"package was written for {_fmt(expected)} and needs libsdpa {expected[0]}.x with "
+            f"x >= {expected[1]} (same major version, minor >= {expected[1]}). Point "
+            "SDPA_LIBRARY at a matching build.")
+    return lib
+
+
+_LOCK = threading.Lock()
+_LIBRARY = None
+
+
+def get():
+    """The process-wide Library, loaded on first use."""
+    global _LIBRARY
+    lib = _LIBRARY
+    if lib is None:
+        with _LOCK:
+            if _LIBRARY is None:
+                _LIBRARY = load()
+            lib = _LIBRARY
+    return lib
+
+
+def load_library(path=None):
+    """Load (or reload from another path) the library the package uses and return it. With no
+    path, the usual lookup applies. Call it before other threads use the package."""
+    global _LIBRARY
+    lib = load(path, "argument" if path else None)
+    with _LOCK:
+        _LIBRARY = lib
+    return lib

@@ -1,0 +1,261 @@
+"""scaled_dot_product_attention and merge over numpy arrays."""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._errors import py_error
+from ._views import (address, choice, int32, int64_vector, mask_view, tensor_view, uint64)
+
+__all__ = ["scaled_dot_product_attention", "merge", "last_kernel", "ALIGNMENTS", "EMPTY_ROWS",
+           "WEIGHTS_STAGES", "KERNELS"]
+
+#: sdpa_alignment by name.
+ALIGNMENTS = {"top_left": 0, "bottom_right": 1, "offsets": 2}
+#: sdpa_empty_rows by name.
+EMPTY_ROWS = {"error": 0, "zero": 1}
+#: sdpa_weights_stage by name (what the weights output holds).
+WEIGHTS_STAGES = {"probabilities": 0, "scores": 1, "softcapped": 2, "masked": 3}
+#: sdpa_kernel by name.
+KERNELS = {"auto": 0, "reference": 1, "tiled": 2, "decode": 3}
+
+
+def last_kernel():
+    """Name of the kernel that ran the last successful attention call on this thread
+    ("reference", "tiled...", "decode...", "none"), or "" if none ran."""
+    return _lib.get().last_kernel()
+
+
+def _causal_and_alignment(causal, alignment, query_offsets):
+    """(causal flag, alignment enum) from causal=None/False/True/"top_left"/"bottom_right"."""
+    if causal is None or (isinstance(causal, (bool, np.bool_)) and not causal):
+        flag, implied = 0, None
+    elif isinstance(causal, (bool, np.bool_)):
+        flag, implied = 1, None
+    elif isinstance(causal, str):
+        flag, implied = 1, choice(causal, ALIGNMENTS, "causal")
+    elif isinstance(causal, (int, np.integer)) and int(causal) in (0, 1):
+        flag, implied = int(causal), None
+    else:
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                       f"causal={causal!r} must be None, False, True, 'top_left' or 'bottom_right'")
+    explicit = None if alignment is None else choice(alignment, ALIGNMENTS, "alignment")
+    if implied is not None and explicit is not None and implied != explicit:
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                       f"causal={causal!r} contradicts alignment={alignment!r}")
+    align = implied if implied is not None else explicit
+    if align is None:
+        align = ALIGNMENTS["offsets"] if query_offsets is not None else ALIGNMENTS["top_left"]
+    return flag, align
+
+
+def _window(window):
+    if window is None:
+        return None
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                       f"window={window!r} must be a pair (left, right); None or -1 = unbounded"
+                       ) from None
+    return tuple(-1 if w is None else int(w) for w in (left, right))
+
+
+def _head_axis(array, query_ndim):
+    """For rank-3 queries ([B, L, E]) PyTorch broadcasts a rank-3 mask [B, L, S] against the
+    scores [B, L, S]; the library broadcasts masks to [B, H, L, S]. Insert the head axis."""
+    if query_ndim == 3 and array.ndim == 3:
+        return array[:, None, :, :]
+    return array
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, causal=None,
+                                 scale=None, dropout_p=0.0, seed=0, key_lengths=None,
+                                 query_lengths=None, window=None, softcap=None,
+                                 empty_rows="error", need_weights=False, need_lse=False, *,
+                                 is_causal=None, alignment=None, query_offsets=None,
+                                 dropout_offset=0, weights_stage="probabilities",
+                                 check_finite=True, kernel="auto", num_threads=0, out=None):
+    """Scaled dot-product attention on float32 numpy arrays (libsdpa's sdpa_attention).
+
+        out = softmax(softcap(scale * query @ key^T) + bias, masked) @ value
+
+    Shapes: query [B, Hq, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] -> out
+    [B, Hq, L, Ev]; rank 3 ([B, L, E]) means one head. Hq % Hkv == 0 (GQA: query head h reads
+    kv head h // (Hq // Hkv)). Any strides: a [B, L, H, E] buffer is passed as
+    ``x.transpose(0, 2, 1, 3)``. Inputs are never copied; they must be float32 (else
+    SdpaDtypeError) with strides that are whole elements (else SdpaShapeError).
+
+    attn_mask: bool/uint8 = allow-mask (True = the key takes part, as PyTorch SDPA), or float32
+        = additive (0 / -inf, as PyTorch), passed to the library as the bias (added to `bias`
+        when both are given, in a new array). Broadcast to [B, Hq, L, S] right-aligned; for
+        rank-3 inputs a rank-3 mask is [B, L, S].
+    bias: float32 additive bias, broadcast like attn_mask; -inf blocks the key.
+    causal: None/False = off; True or "top_left" = key j <= query i (PyTorch is_causal,
+        torch.tril); "bottom_right" = j <= i + S_b - L_b (KV-cache decode, FlashAttention).
+        "offsets" = j <= i + query_offsets[b]. ``is_causal`` is accepted as PyTorch's name.
+    scale: None = 1/sqrt(E); a positive float replaces it (0 is rejected: the library reads 0
+        as "default").
+    dropout_p, seed, dropout_offset: dropout on the probabilities that form `out` (p in
+        [0, 1)); deterministic in (seed, offset, b, h, i, j). There is no training mode: pass
+        0 for inference. Returned weights and lse are pre-dropout.
+    key_lengths, query_lengths: per-batch [B] valid counts (right padding); rows
+        i >= query_lengths[b] are exact zeros. Converted to int64 (small, not viewed).
+    window: (left, right) sliding window, inclusive counts of other keys; None or -1 =
+        unbounded on that side. Hugging Face sliding_window=W with causal is (W - 1, 0).
+    softcap: None = off; c > 0 caps scores as c * tanh(s / c) before bias and mask.
+    empty_rows: "error" (SdpaValueError for a row with no allowed key) or "zero" (zero output
+        row, zero weights, lse = -inf).
+    need_weights / need_lse: also return weights [B, Hq, L, S] (per weights_stage:
+        "probabilities", "scores", "softcapped", "masked") / lse [B, Hq, L] (natural log).
+    alignment: "top_left" / "bottom_right" / "offsets" for the causal and window rules when
+        `causal` does not name it; query_offsets ([B] ints) implies "offsets".
+    check_finite: False skips the library's NaN/Inf scan of the inputs.
+    kernel: "auto", "reference", "tiled" or "decode"; num_threads: 0 = online CPUs.
+    out: optional float32 array [B, Hq, L, Ev] (any positive strides) to write into.
+
+    Returns: `out` alone when need_weights and need_lse are both false; otherwise a tuple
+    ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)``: out first, then the requested
+    extras in the order weights, lse.
+
+    Raises SdpaError subclasses: SdpaShapeError (shapes, broadcast, strides, overlap),
+    SdpaDtypeError, SdpaArgumentError (options), SdpaValueError (empty rows, NaN/Inf),
+    SdpaResourceError. On error nothing is written to `out`.
+    """
+    lib = _lib.get()
+    for name, a in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(a, np.ndarray) or a.ndim < 2:
+            tq = tensor_view(a, name)  # raises the precise error (type, dtype, rank)
+            raise py_error("SDPA_ERR_RANK", f"{name}.ndim={a.ndim}, expected 3 or 4")
+    tq = tensor_view(query, "query")
+    tk = tensor_view(key, "key")
+    tv = tensor_view(value, "value")
+    qnd = query.ndim
+
+    out_shape = query.shape[:-1] + value.shape[-1:]
+    if out is None:
+        out = np.empty(out_shape, dtype=np.float32)
+    elif not isinstance(out, np.ndarray) or out.shape != out_shape:
+        raise py_error("SDPA_ERR_SHAPE",
+                       f"out has shape {getattr(out, 'shape', None)}, expected {out_shape}")
+    tout = tensor_view(out, "out", writable=True)
+    weights = lse = tw = tl = None
+    if need_weights:
+        weights = np.empty(query.shape[:-1] + key.shape[-2:-1], dtype=np.float32)
+        tw = tensor_view(weights, "weights", writable=True)
+    if need_lse:
+        lse = np.empty(query.shape[:-1], dtype=np.float32)
+        tl = tensor_view(lse, "lse", writable=True)
+
+    opt = _lib.SdpaOptions()
+    lib.sdpa_options_init_sized(opt, ctypes.sizeof(opt))
+
+    if is_causal is not None:
+        if causal is not None and bool(causal) != bool(is_causal):
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                           f"causal={causal!r} and is_causal={is_causal!r} disagree")
+        if causal is None:
+            causal = is_causal
+    opt.causal, opt.alignment = _causal_and_alignment(causal, alignment, query_offsets)
+
+    if scale is not None:
+        scale = float(scale)
+        if scale == 0.0:
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                           "scale=0 is not supported (libsdpa reads 0 as the default "
+                           "1/sqrt(E)); pass scale=None for the default")
+        opt.scale = scale
+    if softcap is not None:
+        opt.softcap = float(softcap)
+
+    # Masks and biases. Every array used by the call stays referenced by a local variable.
+    mask_arr = bias_arr = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, np.ndarray):
+            raise TypeError("attn_mask must be a numpy.ndarray (bool/uint8 = allow, "
+                            "float32 = additive)")
+        if attn_mask.dtype.kind == "f":
+            if attn_mask.dtype != np.float32:
+                raise py_error("SDPA_ERR_DTYPE",
+                               f"a float attn_mask must be float32, got {attn_mask.dtype}")
+            bias_arr = _head_axis(attn_mask, qnd)
+        else:
+            mask_arr = _head_axis(attn_mask, qnd)
+    if bias is not None:
+        if not isinstance(bias, np.ndarray):
+            raise TypeError("bias must be a float32 numpy.ndarray")
+        b = _head_axis(bias, qnd)
+        if bias_arr is None:
+            bias_arr = b
+        else:
+            tensor_view(b, "bias")  # dtype/rank errors before combining
+            bias_arr = np.add(bias_arr, b, dtype=np.float32)
+    tmask = tbias = None
+    if mask_arr is not None:
+        tmask = mask_view(mask_arr, "attn_mask")
+        opt.allow_mask = ctypes.addressof(tmask)
+    if bias_arr is not None:
+        tbias = tensor_view(bias_arr, "bias")
+        opt.bias = ctypes.addressof(tbias)
+
+    batch = query.shape[0]
+    kl = ql = qo = None
+    if key_lengths is not None:
+        kl = int64_vector(key_lengths, batch, "key_lengths")
+        opt.key_lengths = address(kl)
+    if query_lengths is not None:
+        ql = int64_vector(query_lengths, batch, "query_lengths")
+        opt.query_lengths = address(ql)
+    if query_offsets is not None:
+        qo = int64_vector(query_offsets, batch, "query_offsets")
+        opt.query_offsets = address(qo)
+
+    win = _window(window)
+    if win is not None:
+        opt.sliding_window = 1
+        opt.window_left, opt.window_right = win
+
+    opt.empty_rows = choice(empty_rows, EMPTY_ROWS, "empty_rows")
+    opt.weights_stage = choice(weights_stage, WEIGHTS_STAGES, "weights_stage")
+    opt.skip_finite_check = 0 if check_finite else 1
+    opt.dropout_p = float(dropout_p)
+    opt.dropout_seed = uint64(seed, "seed")
+    opt.dropout_offset = uint64(dropout_offset, "dropout_offset")
+    opt.kernel = choice(kernel, KERNELS, "kernel")
+    opt.num_threads = int32(num_threads, "num_threads", minimum=0)
+
+    status = lib.sdpa_attention(tq, tk, tv, opt, tout, tw, tl)
+    lib.check(status)
+    # The arrays the views point into were alive until here (locals of this frame).
+    del mask_arr, bias_arr, kl, ql, qo
+
+    if weights is None and lse is None:
+        return out
+    result = (out,)
+    if weights is not None:
+        result += (weights,)
+    if lse is not None:
+        result += (lse,)
+    return result
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Merge attention over two disjoint key sets of the same queries (sdpa_merge): from
+    (out_a, lse_a) over keys A and (out_b, lse_b) over keys B, return (out, lse) over A and B,
+    as if attention had run once over all the keys.
+
+    out_a, out_b: float32 [..., Ev], same shape; lse_a, lse_b: float32 [...] (the out shape
+    without its last axis). Any strides, no copies. A row whose lse is -inf on one side takes
+    the other side; -inf on both gives a zero row and lse = -inf.
+    Returns (out, lse), new arrays."""
+    lib = _lib.get()
+    ta = tensor_view(out_a, "out_a")
+    tla = tensor_view(lse_a, "lse_a")
+    tb = tensor_view(out_b, "out_b")
+    tlb = tensor_view(lse_b, "lse_b")
+    out = np.empty(out_a.shape, dtype=np.float32)
+    lse = np.empty(out_a.shape[:-1] if out_a.ndim > 1 else (1,), dtype=np.float32)
+    tout = tensor_view(out, "out", writable=True)
+    tlse = tensor_view(lse, "lse", writable=True)
+    lib.check(lib.sdpa_merge(ta, tla, tb, tlb, tout, tlse))
+    return out, lse

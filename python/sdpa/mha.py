@@ -1,0 +1,375 @@
+"""MultiheadAttention: torch.nn.MultiheadAttention's forward over numpy arrays (sdpa_mha_forward),
+with the weights of a PyTorch state_dict."""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._errors import py_error
+from ._views import (address, choice, int32, int64_vector, mask_view, split_axis, tensor_view,
+                     uint64)
+from .attention import EMPTY_ROWS
+from .masks import allow_from_ignore
+
+__all__ = ["MultiheadAttention", "STATE_DICT_KEYS"]
+
+#: The keys of torch.nn.MultiheadAttention.state_dict() (those present depend on the layer).
+STATE_DICT_KEYS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
+                   "in_proj_bias", "bias_k", "bias_v", "out_proj.weight", "out_proj.bias")
+
+# state_dict key -> sdpa_mha_params field
+_PARAM_FIELDS = {
+    "in_proj_weight": "in_proj_weight",
+    "q_proj_weight": "q_proj_weight",
+    "k_proj_weight": "k_proj_weight",
+    "v_proj_weight": "v_proj_weight",
+    "in_proj_bias": "in_proj_bias",
+    "bias_k": "bias_k",
+    "bias_v": "bias_v",
+    "out_proj.weight": "out_proj_weight",
+    "out_proj.bias": "out_proj_bias",
+}
+
+
+def _to_numpy(value, key):
+    """A float32 numpy array from a numpy array or a torch tensor (duck-typed: torch is not
+    imported). float32 arrays are kept as given (no copy, any strides); other float dtypes are
+    converted once, here."""
+    if hasattr(value, "detach") and hasattr(value, "cpu") and hasattr(value, "numpy"):
+        value = value.detach().cpu().numpy()
+    array = np.asarray(value)
+    if array.dtype.kind != "f":
+        raise py_error("SDPA_ERR_DTYPE", f"state_dict[{key!r}] has dtype {array.dtype}, expected float")
+    if array.dtype != np.float32:
+        array = array.astype(np.float32)
+    return array
+
+
+class MultiheadAttention:
+    """torch.nn.MultiheadAttention in numpy, computed by libsdpa (sdpa_mha_forward).
+
+    Constructor arguments as PyTorch's (embed_dim, num_heads, dropout, bias, add_bias_kv,
+    add_zero_attn, kdim, vdim, batch_first), plus num_kv_heads (GQA/MQA: H % num_kv_heads
+    == 0) and head_dim (default embed_dim // num_heads) for Llama-style layers, which take
+    separate q/k/v_proj_weight of shapes [H*Dh, E], [Hkv*Dh, kdim], [Hkv*Dh, vdim] and
+    out_proj.weight [E, H*Dh]. Load the weights with load_state_dict() (or pass state_dict=),
+    or build everything from a state_dict with MultiheadAttention.from_state_dict().
+
+    Weights are numpy arrays named as in PyTorch's state_dict() (torch tensors are accepted
+    too); float32 arrays are used as given, without a copy, so later in-place changes to them
+    are seen; other float dtypes are converted once when loading.
+
+    Attributes: ``training`` (False by default, unlike a fresh torch module: this class is
+    meant for inference; ``train()``/``eval()`` set it), ``dropout`` (probability, used only
+    when training), ``dropout_seed`` and ``dropout_offset`` (the deterministic dropout stream;
+    the offset advances by one after each call that drops), ``num_threads`` (0 = online CPUs),
+    ``batch_first``.
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
+                 add_zero_attn=False, kdim=None, vdim=None, batch_first=False, *,
+                 num_kv_heads=None, head_dim=None, state_dict=None, num_threads=0):
+        self.embed_dim = int(embed_dim)
+        self.num_heads = int(num_heads)
+        if self.embed_dim <= 0 or self.num_heads <= 0:
+            raise py_error("SDPA_ERR_SHAPE", f"embed_dim={embed_dim} and num_heads={num_heads} must be >= 1")
+        self.kdim = self.embed_dim if kdim is None else int(kdim)
+        self.vdim = self.embed_dim if vdim is None else int(vdim)
+        self.num_kv_heads = self.num_heads if num_kv_heads is None else int(num_kv_heads)
+        if head_dim is None:
+            if self.embed_dim % self.num_heads:
+                raise py_error("SDPA_ERR_SHAPE",
+                               f"embed_dim={self.embed_dim} must be divisible by num_heads={self.num_heads}")
+            head_dim = self.embed_dim // self.num_heads
+        self.head_dim = int(head_dim)
+        if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
+            raise py_error("SDPA_ERR_SHAPE",
+                           f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+        self.bias = bool(bias)
+        self.add_bias_kv = bool(add_bias_kv)
+        self.add_zero_attn = bool(add_zero_attn)
+        self.batch_first = bool(batch_first)
+        self.dropout = float(dropout)
+        self.training = False
+        self.dropout_seed = 0
+        self.dropout_offset = 0
+        self.num_threads = int(num_threads)
+        self._weights = {}
+        if state_dict is not None:
+            self.load_state_dict(state_dict)
+
+    # ------------------------------------------------------------------ configuration
+    @property
+    def _qkv_same_embed_dim(self):
+        """Whether PyTorch would pack the projections into in_proj_weight."""
+        return (self.kdim == self.embed_dim and self.vdim == self.embed_dim
+                and self.num_kv_heads == self.num_heads
+                and self.head_dim * self.num_heads == self.embed_dim)
+
+    def _expected_shapes(self, packed):
+        e, dq = self.embed_dim, self.num_heads * self.head_dim
+        dkv = self.num_kv_heads * self.head_dim
+        shapes = {"out_proj.weight": (e, dq)}
+        if packed:
+            shapes["in_proj_weight"] = (3 * e, e)
+        else:
+            shapes.update({"q_proj_weight": (dq, e), "k_proj_weight": (dkv, self.kdim),
+                           "v_proj_weight": (dkv, self.vdim)})
+        if self.bias:
+            shapes["in_proj_bias"] = (dq + 2 * dkv,)
+            shapes["out_proj.bias"] = (e,)
+        if self.add_bias_kv:
+            shapes["bias_k"] = (1, 1, dkv)
+            shapes["bias_v"] = (1, 1, dkv)
+        return shapes
+
+    def expected_state_dict_keys(self):
+        """The keys torch.nn.MultiheadAttention.state_dict() has for this configuration."""
+        return tuple(self._expected_shapes(self._qkv_same_embed_dim))
+
+    @classmethod
+    def from_state_dict(cls, state_dict, num_heads, *, batch_first=False, dropout=0.0,
+                        add_zero_attn=False, num_kv_heads=None, head_dim=None, num_threads=0):
+        """A layer whose embed_dim, kdim, vdim, bias and add_bias_kv are read off the
+        state_dict's keys and shapes (add_zero_attn, num_heads and GQA sizes are not
+        recorded in a state_dict: give them)."""
+        sd = dict(state_dict)
+        if "out_proj.weight" not in sd:
+            raise KeyError("state_dict has no 'out_proj.weight'")
+        ow = np.shape(sd["out_proj.weight"])
+        embed_dim, dq = int(ow[0]), int(ow[1])
+        if head_dim is None and dq != embed_dim:
+            head_dim = dq // int(num_heads)
+        kdim = vdim = None
+        if "in_proj_weight" not in sd and "k_proj_weight" in sd and "v_proj_weight" in sd:
+            kdim = int(np.shape(sd["k_proj_weight"])[1])
+            vdim = int(np.shape(sd["v_proj_weight"])[1])
+            dkv = int(np.shape(sd["k_proj_weight"])[0])
+            hd = head_dim if head_dim is not None else embed_dim // int(num_heads)
+            if num_kv_heads is None and hd and dkv != dq:
+                num_kv_heads = dkv // hd
+        layer = cls(embed_dim, num_heads, dropout=dropout, bias="in_proj_bias" in sd,
+                    add_bias_kv="bias_k" in sd, add_zero_attn=add_zero_attn, kdim=kdim,
+                    vdim=vdim, batch_first=batch_first, num_kv_heads=num_kv_heads,
+                    head_dim=head_dim, num_threads=num_threads)
+        layer.load_state_dict(sd)
+        return layer
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Load weights named as in torch.nn.MultiheadAttention.state_dict(). With packed
+        projections possible (kdim = vdim = embed_dim, no GQA), in_proj_weight or the three
+        separate q/k/v_proj_weight are accepted. strict=True: unexpected or missing keys raise
+        KeyError (as torch's load_state_dict raises); shapes are checked either way
+        (SdpaShapeError)."""
+        sd = {k: v for k, v in dict(state_dict).items() if v is not None}
+        packed = "in_proj_weight" in sd or (self._qkv_same_embed_dim and "q_proj_weight" not in sd)
+        shapes = self._expected_shapes(packed)
+        unexpected = sorted(k for k in sd if k not in shapes)
+        missing = sorted(k for k in shapes if k not in sd)
+        if strict and (unexpected or missing):
+            raise KeyError("error loading MultiheadAttention state_dict: "
+                           f"missing keys {missing}, unexpected keys {unexpected} "
+                           f"(expected {sorted(shapes)})")
+        required = [k for k in ("out_proj.weight", "in_proj_weight", "q_proj_weight",
+                                "k_proj_weight", "v_proj_weight") if k in shapes]
+        absent = [k for k in required if k not in sd]
+        if absent:
+            raise KeyError(f"state_dict lacks {absent}")
+        weights = {}
+        for key, shape in shapes.items():
+            if key not in sd:
+                continue
+            array = _to_numpy(sd[key], key)
+            if key in ("bias_k", "bias_v"):
+                ok = array.ndim >= 1 and array.size == shape[-1] and array.shape[-1] == shape[-1]
+            else:
+                ok = array.shape == shape
+            if not ok:
+                raise py_error("SDPA_ERR_SHAPE",
+                               f"state_dict[{key!r}] has shape {array.shape}, expected {shape}")
+            weights[key] = array
+        if ("bias_k" in weights) != ("bias_v" in weights):
+            raise KeyError("bias_k and bias_v go together (add_bias_kv)")
+        self._weights = weights
+
+    def state_dict(self):
+        """The loaded weights as a dict (the arrays themselves, not copies)."""
+        return dict(self._weights)
+
+    def train(self, mode=True):
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def __repr__(self):
+        extra = ""
+        if self.num_kv_heads != self.num_heads:
+            extra = f", num_kv_heads={self.num_kv_heads}"
+        return (f"MultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}"
+                f"{extra}, kdim={self.kdim}, vdim={self.vdim}, batch_first={self.batch_first})")
+
+    # ---------------------------------------------------------------------------- forward
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
+                attn_mask=None, average_attn_weights=True, is_causal=False, *,
+                key_lengths=None, query_lengths=None, empty_rows="error"):
+        """(attn_output, attn_weights or None), as torch.nn.MultiheadAttention.forward.
+
+        query [L, B, E] (batch_first=False, the default) or [B, L, E]; key [S, B, kdim] /
+        [B, S, kdim]; value likewise with vdim; unbatched [L, E] / [S, kdim] inputs too. Any
+        strides, float32, no copies (the [L, B, E] layout is read through strides).
+        key_padding_mask [B, S]: bool True = IGNORE that key (PyTorch's polarity), or float32
+            additive.
+        attn_mask [L, S] or [B*num_heads, L, S]: bool True = IGNORE (PyTorch MHA's polarity),
+            or float32 additive (0 / -inf). Bool masks are converted with allow_from_ignore.
+        is_causal: True applies the causal (top-left) rule itself, with or without attn_mask
+            (PyTorch treats it as a hint that attn_mask is causal: the results agree).
+        need_weights: return the attention probabilities, [B, L, S'] averaged over heads
+            (average_attn_weights=True) or [B, H, L, S'], S' = S + add_bias_kv + add_zero_attn
+            (unbatched: without B). Pre-dropout when training.
+        key_lengths / query_lengths ([B] ints, right padding) and empty_rows ("error", or
+            "zero" for rows that no key may reach; PyTorch gives NaN there) are extras.
+        Output: attn_output of the query's layout ([L, B, E] or [B, L, E]).
+        """
+        lib = _lib.get()
+        if not self._weights:
+            raise py_error("SDPA_ERR_NULL_POINTER", "no weights loaded: call load_state_dict() first")
+        for name, a in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
+            if a.ndim not in (2, 3):
+                raise py_error("SDPA_ERR_RANK",
+                               f"{name}.ndim={a.ndim}, expected 3 (batched) or 2 (unbatched)")
+        batched = query.ndim == 3
+        if key.ndim != query.ndim or value.ndim != query.ndim:
+            raise py_error("SDPA_ERR_RANK",
+                           f"query.ndim={query.ndim}, key.ndim={key.ndim}, value.ndim={value.ndim} must be equal")
+        if not batched:
+            q, k, v = query[None], key[None], value[None]
+        elif self.batch_first:
+            q, k, v = query, key, value
+        else:  # [L, B, E] buffers seen as [B, L, E] views
+            q, k, v = (x.transpose(1, 0, 2) for x in (query, key, value))
+        B, L = q.shape[0], q.shape[1]
+        S = k.shape[1]
+        tq, tk, tv = tensor_view(q, "query"), tensor_view(k, "key"), tensor_view(v, "value")
+
+        if not batched or self.batch_first:
+            out_user = np.empty((B, L, self.embed_dim), dtype=np.float32)
+            out_view = out_user
+        else:
+            out_user = np.empty((L, B, self.embed_dim), dtype=np.float32)
+            out_view = out_user.transpose(1, 0, 2)
+        tout = tensor_view(out_view, "attn_output", writable=True)
+
+        s_total = S + (1 if "bias_k" in self._weights else 0) + (1 if self.add_zero_attn else 0)
+        weights = tw = None
+        if need_weights:
+            shape = (B, L, s_total) if average_attn_weights else (B, self.num_heads, L, s_total)
+            weights = np.empty(shape, dtype=np.float32)
+            tw = tensor_view(weights, "attn_weights", writable=True)
+
+        params, param_views = self._params(lib)
+
+        opt = _lib.SdpaMhaOptions()
+        lib.sdpa_mha_options_init_sized(opt, ctypes.sizeof(opt))
+        allow_mask = kpm_allow = bias_arr = None
+        # key_padding_mask: bool = ignore -> allow-mask [B, S]; float = additive [B, 1, 1, S].
+        if key_padding_mask is not None:
+            kpm = key_padding_mask if batched else np.asarray(key_padding_mask)[None]
+            if not isinstance(kpm, np.ndarray):
+                raise TypeError("key_padding_mask must be a numpy.ndarray")
+            if kpm.dtype.kind == "f":
+                if kpm.dtype != np.float32:
+                    raise py_error("SDPA_ERR_DTYPE",
+                                   f"a float key_padding_mask must be float32, got {kpm.dtype}")
+                if kpm.ndim != 2:
+                    raise py_error("SDPA_ERR_SHAPE",
+                                   f"key_padding_mask has shape {kpm.shape}, expected [B, S]")
+                bias_arr = kpm[:, None, None, :]
+            else:
+                kpm_allow = allow_from_ignore(kpm)
+        # attn_mask: [L, S] or [B*H, L, S]; bool = ignore; float = additive.
+        if attn_mask is not None:
+            if not isinstance(attn_mask, np.ndarray):
+                raise TypeError("attn_mask must be a numpy.ndarray")
+            am = attn_mask
+            if am.ndim == 3:
+                if am.shape[0] == B * self.num_heads:
+                    am = split_axis(am, 0, (B, self.num_heads))
+                elif not batched and am.shape[0] == self.num_heads:
+                    pass  # unbatched [H, L, S]: broadcast over the batch of 1
+                else:
+                    raise py_error("SDPA_ERR_SHAPE",
+                                   f"attn_mask has shape {attn_mask.shape}, expected ({L}, {S}) or "
+                                   f"({B * self.num_heads}, {L}, {S})")
+            elif am.ndim != 2:
+                raise py_error("SDPA_ERR_RANK",
+                               f"attn_mask.ndim={am.ndim}, expected 2 ([L, S]) or 3 ([B*H, L, S])")
+            if am.dtype.kind == "f":
+                if am.dtype != np.float32:
+                    raise py_error("SDPA_ERR_DTYPE",
+                                   f"a float attn_mask must be float32, got {am.dtype}")
+                bias_arr = am if bias_arr is None else np.add(bias_arr, am, dtype=np.float32)
+            else:
+                allow_mask = allow_from_ignore(am)
+        tmask = tkpm = tbias = None
+        if allow_mask is not None:
+            tmask = mask_view(allow_mask, "attn_mask")
+            opt.attn_mask = ctypes.addressof(tmask)
+        if kpm_allow is not None:
+            tkpm = mask_view(kpm_allow, "key_padding_mask")
+            opt.key_padding_mask = ctypes.addressof(tkpm)
+        if bias_arr is not None:
+            tbias = tensor_view(bias_arr, "attn_bias")
+            opt.attn_bias = ctypes.addressof(tbias)
+        kl = ql = None
+        if key_lengths is not None:
+            kl = int64_vector(key_lengths, B, "key_lengths")
+            opt.key_lengths = address(kl)
+        if query_lengths is not None:
+            ql = int64_vector(query_lengths, B, "query_lengths")
+            opt.query_lengths = address(ql)
+        opt.causal = 1 if is_causal else 0
+        opt.per_head_weights = 0 if average_attn_weights else 1
+        drops = self.training and self.dropout > 0.0
+        opt.training = 1 if drops else 0
+        opt.dropout_p = self.dropout if drops else 0.0
+        opt.dropout_seed = uint64(self.dropout_seed, "dropout_seed")
+        opt.dropout_offset = uint64(self.dropout_offset, "dropout_offset")
+        opt.empty_rows = choice(empty_rows, EMPTY_ROWS, "empty_rows")
+        opt.num_threads = int32(self.num_threads, "num_threads", minimum=0)
+
+        status = lib.sdpa_mha_forward(params, tq, tk, tv, opt, tout, tw)
+        lib.check(status)
+        del param_views, allow_mask, kpm_allow, bias_arr, kl, ql  # alive until here
+        if drops:
+            self.dropout_offset = (self.dropout_offset + 1) % 2 ** 64
+
+        if not batched:
+            out_user = out_user[0]
+            if weights is not None:
+                weights = weights[0]
+        return out_user, weights
+
+    def _params(self, lib):
+        """(SdpaMhaParams, views) for the loaded weights; keep `views` alive during the call."""
+        p = _lib.SdpaMhaParams()
+        lib.sdpa_mha_params_init_sized(p, ctypes.sizeof(p))
+        p.embed_dim = self.embed_dim
+        p.num_heads = self.num_heads
+        p.num_kv_heads = self.num_kv_heads
+        p.head_dim = self.head_dim
+        p.kdim = self.kdim
+        p.vdim = self.vdim
+        p.add_zero_attn = 1 if self.add_zero_attn else 0
+        views = []
+        for key, array in self._weights.items():
+            t = tensor_view(array, key)
+            views.append((t, array))
+            setattr(p, _PARAM_FIELDS[key], ctypes.addressof(t))
+        return p, views
