@@ -61,12 +61,12 @@ extern "C" {
 /* ----------------------------------------------------------------- version */
 
 #define SDPA_VERSION_MAJOR 0
-#define SDPA_VERSION_MINOR 2
+#define SDPA_VERSION_MINOR 3
 #define SDPA_VERSION_PATCH 0
 /** MAJOR*1000000 + MINOR*1000 + PATCH (SQLite's scheme). */
 #define SDPA_VERSION_NUMBER \
     (SDPA_VERSION_MAJOR * 1000000 + SDPA_VERSION_MINOR * 1000 + SDPA_VERSION_PATCH)
-#define SDPA_VERSION_STRING "0.2.0"
+#define SDPA_VERSION_STRING "0.3.0"
 
 /** @return SDPA_VERSION_NUMBER of the library actually linked (not of this header). */
 SDPA_API unsigned sdpa_version(void);
@@ -254,8 +254,11 @@ typedef enum sdpa_weights_stage {
 
 /** Which kernel sdpa_attention() runs (sdpa_options.kernel). AUTO picks by shape; a forced
  *  kernel that cannot serve the call fails with SDPA_ERR_UNSUPPORTED (nothing written).
- *  All kernels give the same results within float32 rounding; with the same kernel and
- *  the same inputs the result does not depend on num_threads (bit for bit). */
+ *  All kernels give the same results within float32 rounding; with the same kernel, the
+ *  same SIMD set (see sdpa_last_kernel(); SDPA_MAX_ISA=portable|avx2|avx512 in the environment
+ *  caps it, read on each call) and the same inputs, the result does not depend on num_threads
+ *  (bit for bit). AUTO: reference when weights are requested, decode for L <= 4, else tiled.
+ *  TILED and DECODE produce no weights (forcing them with weights is SDPA_ERR_UNSUPPORTED). */
 typedef enum sdpa_kernel {
     SDPA_KERNEL_AUTO = 0,      /**< default: decode for small L, tiled otherwise, reference when needed */
     SDPA_KERNEL_REFERENCE = 1, /**< one materialised score tile per row block (0.1's path) */

@@ -1,8 +1,10 @@
 /* sdpa_attention: validate -> plan -> check values -> run a kernel.
  * Nothing is written to an output before every check has passed. */
 #include "internal.h"
+#include "microkernel.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -346,110 +348,267 @@ void sdpa__row_range(const sdpa__plan *p, int64_t b, int64_t i, int64_t *lo_out,
     *hi_out = hi;
 }
 
-static bool row_finite(const float *x, int64_t n, int64_t stride) {
-    for (int64_t d = 0; d < n; ++d)
-        if (!isfinite(x[d * stride]))
-            return false;
-    return true;
+/* ---- value checks (before any write): empty rows under policy ERROR, and the finite check ----
+ * One task per (b, kv head g), in parallel; each task looks for its first failure in the
+ * sequential order (rows of the group's heads, then its K/V rows), and the failure of the lowest
+ * task wins, so the status and message are those of a sequential scan whatever the threads. */
+
+enum { ERR_NONE = 0, ERR_BIAS, ERR_QROW, ERR_EMPTY, ERR_KROW, ERR_VROW };
+
+typedef struct check_err {
+    int kind;
+    int64_t task, b, h, i, j;
+    float value;
+} check_err;
+
+typedef struct check_ctx {
+    const sdpa__plan *p;
+    const sdpa__mk *mk;
+    bool need_empty, check_kv;
+    unsigned char *ws;
+    size_t per_thread;
+    atomic_llong first_bad; /* lowest failing task so far: later tasks cannot be first */
+} check_ctx;
+
+/* Per thread: the first failure it met (its tasks come in increasing order), then S + 1 int32. */
+static size_t check_per_thread(const sdpa__plan *p) {
+    return sdpa__add_sat(sdpa__align64(sizeof(check_err)),
+                         sdpa__align64(sdpa__mul_sat((size_t)p->S + 1, sizeof(int32_t))));
 }
 
-/* Value checks before any write: empty rows (policy ERROR) and the finite check.
- * `used` is scratch of S bytes. */
-static sdpa_status check_values(const sdpa__plan *p, uint8_t *used) {
-    const bool need_empty = p->empty_rows == SDPA_EMPTY_ROWS_ERROR;
-    if (!need_empty && !p->check_finite)
-        return SDPA_OK;
-    for (int64_t b = 0; b < p->B; ++b) {
-        for (int64_t g = 0; g < p->Hkv; ++g) {
-            if (p->check_finite && p->S > 0)
-                memset(used, 0, (size_t)p->S);
-            for (int64_t h = g * p->group; h < (g + 1) * p->group; ++h) {
-                for (int64_t i = 0; i < p->L; ++i) {
-                    if (sdpa__row_is_padding(p, b, i))
+static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *cnt, check_err *e) {
+    const sdpa__plan *p = c->p;
+    const bool fin = p->check_finite, kv = fin && c->check_kv;
+    const bool plain = !p->has_mask && !p->has_bias;
+    uint8_t *used = (uint8_t *)cnt; /* with a mask or bias: S flags */
+    if (kv)
+        memset(cnt, 0, plain ? (size_t)(p->S + 1) * sizeof(int32_t) : (size_t)p->S);
+    for (int64_t h = g * p->group; h < (g + 1) * p->group; ++h) {
+        for (int64_t i = 0; i < p->L; ++i) {
+            if (sdpa__row_is_padding(p, b, i))
+                continue;
+            int64_t lo, hi;
+            sdpa__row_range(p, b, i, &lo, &hi);
+            bool any = false;
+            if (plain) {
+                any = lo < hi;
+                if (kv && any && h == g * p->group) { /* the range does not depend on h */
+                    cnt[lo]++;
+                    cnt[hi]--;
+                }
+            } else {
+                const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
+                for (int64_t j = lo; j < hi; ++j) {
+                    if (p->has_mask && !sdpa__mask_allows(p, b, h, i, j))
                         continue;
-                    int64_t lo, hi;
-                    sdpa__row_range(p, b, i, &lo, &hi);
-                    bool any = false;
-                    if (!p->has_mask && !p->has_bias) {
-                        any = lo < hi;
-                        if (p->check_finite && any)
-                            memset(used + lo, 1, (size_t)(hi - lo));
-                    } else {
-                        const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
-                        for (int64_t j = lo; j < hi; ++j) {
-                            if (p->has_mask && !sdpa__mask_allows(p, b, h, i, j))
-                                continue;
-                            if (brow) {
-                                float bv = brow[j * p->bias.strides[3]];
-                                if (bv == -INFINITY)
-                                    continue;
-                                if (p->check_finite && !isfinite(bv))
-                                    return sdpa__fail(SDPA_ERR_NON_FINITE,
-                                                      "%s: bias at (b=%lld,h=%lld,i=%lld,j=%lld) is %s on an allowed pair",
-                                                      FN, (long long)b, (long long)h, (long long)i, (long long)j,
-                                                      isnan(bv) ? "NaN" : "+Inf");
-                            }
-                            any = true;
-                            if (!p->check_finite)
-                                break;
-                            used[j] = 1;
+                    if (brow) {
+                        const float bv = brow[j * p->bias.strides[3]];
+                        if (bv == -INFINITY)
+                            continue;
+                        if (fin && !isfinite(bv)) {
+                            e->kind = ERR_BIAS; e->h = h; e->i = i; e->j = j; e->value = bv;
+                            return false;
                         }
                     }
-                    /* A query row with no allowed key is never read, so it is not inspected. */
-                    if (any && p->check_finite &&
-                        !row_finite(p->q.data + (b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2]), p->E,
-                                    p->q.strides[3]))
-                        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: query row (b=%lld,h=%lld,i=%lld) holds NaN or Inf", FN,
-                                          (long long)b, (long long)h, (long long)i);
-                    if (!any && need_empty)
-                        return sdpa__fail(SDPA_ERR_EMPTY_ROW,
-                                          "%s: query row (b=%lld,h=%lld,i=%lld) has no allowed key (use SDPA_EMPTY_ROWS_ZERO to get a zero row)",
-                                          FN, (long long)b, (long long)h, (long long)i);
+                    any = true;
+                    if (!kv) {
+                        if (!fin || !p->has_bias)
+                            break; /* later entries matter only for the bias check or K/V rows */
+                        continue;
+                    }
+                    used[j] = 1;
                 }
             }
-            if (!p->check_finite)
-                continue;
-            for (int64_t j = 0; j < p->S; ++j) {
-                if (!used[j])
-                    continue;
-                if (!row_finite(p->k.data + b * p->k.strides[0] + g * p->k.strides[1] + j * p->k.strides[2], p->E,
-                                p->k.strides[3]))
-                    return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: key row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended",
-                                      FN, (long long)b, (long long)g, (long long)j);
-                if (p->Ev > 0 && !row_finite(p->v.data + b * p->v.strides[0] + g * p->v.strides[1] + j * p->v.strides[2], p->Ev,
-                                p->v.strides[3]))
-                    return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: value row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended",
-                                      FN, (long long)b, (long long)g, (long long)j);
+            /* A query row with no allowed key is never read, so it is not inspected. */
+            if (any && fin &&
+                !sdpa__finite_strided(c->mk, p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2],
+                                      p->E, p->q.strides[3])) {
+                e->kind = ERR_QROW; e->h = h; e->i = i;
+                return false;
+            }
+            if (!any && c->need_empty) {
+                e->kind = ERR_EMPTY; e->h = h; e->i = i;
+                return false;
             }
         }
     }
-    return SDPA_OK;
+    if (!kv)
+        return true;
+    int32_t run = 0;
+    for (int64_t j = 0; j < p->S; ++j) {
+        bool u;
+        if (plain) {
+            run += cnt[j];
+            u = run > 0;
+        } else {
+            u = used[j] != 0;
+        }
+        if (!u)
+            continue;
+        if (!sdpa__finite_strided(c->mk, p->k.data + b * p->k.strides[0] + g * p->k.strides[1] + j * p->k.strides[2],
+                                  p->E, p->k.strides[3])) {
+            e->kind = ERR_KROW; e->h = g; e->j = j;
+            return false;
+        }
+        if (p->Ev > 0 &&
+            !sdpa__finite_strided(c->mk, p->v.data + b * p->v.strides[0] + g * p->v.strides[1] + j * p->v.strides[2],
+                                  p->Ev, p->v.strides[3])) {
+            e->kind = ERR_VROW; e->h = g; e->j = j;
+            return false;
+        }
+    }
+    return true;
 }
 
-#define SDPA__WS_ALIGN_SLACK 64u
+static void check_task(void *vctx, int64_t task, int tid) {
+    check_ctx *c = (check_ctx *)vctx;
+    unsigned char *ws = c->ws + (size_t)tid * c->per_thread;
+    check_err *mine = (check_err *)ws;
+    if (mine->kind != ERR_NONE || task > (int64_t)atomic_load_explicit(&c->first_bad, memory_order_relaxed))
+        return;
+    check_err e;
+    memset(&e, 0, sizeof e);
+    const int64_t b = task / c->p->Hkv, g = task % c->p->Hkv;
+    if (check_task_body(c, b, g, (int32_t *)(ws + sdpa__align64(sizeof(check_err))), &e))
+        return;
+    e.task = task;
+    e.b = b;
+    *mine = e;
+    long long cur = atomic_load_explicit(&c->first_bad, memory_order_relaxed);
+    while (task < cur && !atomic_compare_exchange_weak_explicit(&c->first_bad, &cur, task, memory_order_relaxed,
+                                                                 memory_order_relaxed)) {
+    }
+}
 
-/* Kernel workspace plus slack to align a caller buffer of any alignment; SIZE_MAX on overflow. */
-static size_t workspace_bytes(const sdpa__plan *p) {
-    size_t n = sdpa__reference_workspace_bytes(p);
-    return n > SIZE_MAX - SDPA__WS_ALIGN_SLACK ? SIZE_MAX : n + SDPA__WS_ALIGN_SLACK;
+static sdpa_status check_run(const sdpa__plan *p, const sdpa__mk *mk, int threads, bool check_kv, void *ws) {
+    const bool need_empty = p->empty_rows == SDPA_EMPTY_ROWS_ERROR;
+    if (!need_empty && !p->check_finite)
+        return SDPA_OK;
+    check_ctx c;
+    c.p = p;
+    c.mk = mk;
+    c.need_empty = need_empty;
+    c.check_kv = check_kv;
+    c.ws = (unsigned char *)ws;
+    c.per_thread = check_per_thread(p);
+    const int64_t ntasks = p->B * p->Hkv;
+    atomic_init(&c.first_bad, (long long)ntasks);
+    if ((int64_t)threads > ntasks)
+        threads = (int)ntasks;
+    for (int t = 0; t < threads; ++t)
+        ((check_err *)(c.ws + (size_t)t * c.per_thread))->kind = ERR_NONE;
+    sdpa__parallel_for(threads, ntasks, check_task, &c);
+    const check_err *e = NULL;
+    for (int t = 0; t < threads; ++t) {
+        const check_err *x = (const check_err *)(c.ws + (size_t)t * c.per_thread);
+        if (x->kind != ERR_NONE && (e == NULL || x->task < e->task))
+            e = x;
+    }
+    if (e == NULL)
+        return SDPA_OK;
+    const long long b = (long long)e->b, h = (long long)e->h, i = (long long)e->i, j = (long long)e->j;
+    switch (e->kind) {
+    case ERR_BIAS:
+        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: bias at (b=%lld,h=%lld,i=%lld,j=%lld) is %s on an allowed pair", FN,
+                          b, h, i, j, isnan(e->value) ? "NaN" : "+Inf");
+    case ERR_QROW:
+        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: query row (b=%lld,h=%lld,i=%lld) holds NaN or Inf", FN, b, h, i);
+    case ERR_EMPTY:
+        return sdpa__fail(SDPA_ERR_EMPTY_ROW,
+                          "%s: query row (b=%lld,h=%lld,i=%lld) has no allowed key (use SDPA_EMPTY_ROWS_ZERO to get a zero row)",
+                          FN, b, h, i);
+    case ERR_KROW:
+        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: key row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended", FN,
+                          b, h, j);
+    default:
+        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: value row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended",
+                          FN, b, h, j);
+    }
+}
+
+/* Value checks; without check_kv the K/V rows are left to the kernel (decode), and a failure is
+ * re-derived with them so that the first failure in sequential order is the one reported. */
+static sdpa_status check_values(const sdpa__plan *p, const sdpa__mk *mk, int threads, bool check_kv, void *ws) {
+    sdpa_status st = check_run(p, mk, threads, check_kv, ws);
+    if (st != SDPA_OK && !check_kv && p->check_finite)
+        st = check_run(p, mk, threads, true, ws);
+    return st;
+}
+
+/* ---- kernel choice and workspace ---- */
+
+#define SDPA__WS_ALIGN_SLACK 64u
+#define SDPA__DECODE_AUTO_MAX_L 4
+
+typedef struct exec {
+    int kernel;         /* SDPA_KERNEL_REFERENCE, _TILED or _DECODE */
+    int threads;        /* kernel threads (the reference kernel runs on the calling thread) */
+    int check_threads;  /* threads of the value checks */
+    size_t bytes;       /* workspace for the checks and the kernel (they run one after the other) */
+} exec;
+
+static const char *kernel_name(int k) {
+    return k == SDPA_KERNEL_TILED ? "SDPA_KERNEL_TILED" : k == SDPA_KERNEL_DECODE ? "SDPA_KERNEL_DECODE"
+                                                                                 : "SDPA_KERNEL_REFERENCE";
+}
+
+/* AUTO: reference when weights are requested (they need the whole probability row), decode for
+ * L <= 4, tiled otherwise. A forced tiled or decode kernel cannot produce weights. */
+static sdpa_status choose(const char *fn, const sdpa__plan *p, exec *x) {
+    int k = p->kernel;
+    if (p->has_weights && (k == SDPA_KERNEL_TILED || k == SDPA_KERNEL_DECODE))
+        return sdpa__fail(SDPA_ERR_UNSUPPORTED,
+                          "%s: options->kernel=%s does not produce weights; pass weights=NULL, or use SDPA_KERNEL_AUTO or SDPA_KERNEL_REFERENCE",
+                          fn, kernel_name(k));
+    if (k == SDPA_KERNEL_AUTO)
+        k = p->has_weights ? SDPA_KERNEL_REFERENCE : p->L <= SDPA__DECODE_AUTO_MAX_L ? SDPA_KERNEL_DECODE : SDPA_KERNEL_TILED;
+    x->kernel = k;
+    size_t kb;
+    if (k == SDPA_KERNEL_TILED) {
+        x->threads = sdpa__tiled_threads(p);
+        kb = sdpa__tiled_workspace_bytes(p, x->threads);
+    } else if (k == SDPA_KERNEL_DECODE) {
+        x->threads = sdpa__decode_threads(p);
+        kb = sdpa__decode_workspace_bytes(p, x->threads);
+    } else {
+        x->threads = 1;
+        kb = sdpa__reference_workspace_bytes(p);
+    }
+    /* The checks scan q, K, V (and mask/bias rows): about 2 MB per thread at least. */
+    int ct = k == SDPA_KERNEL_REFERENCE ? sdpa__tiled_threads(p) : x->threads;
+    double scan = 4.0 * (double)p->B * ((double)p->Hq * (double)p->L * (double)p->E +
+                                        (double)p->Hkv * (double)p->S * (double)(p->E + p->Ev));
+    if (p->has_mask || p->has_bias)
+        scan += (double)p->B * (double)p->Hq * (double)p->L * (double)p->S;
+    if ((double)ct > scan / 2e6)
+        ct = (int)(scan / 2e6);
+    if ((int64_t)ct > p->B * p->Hkv)
+        ct = (int)(p->B * p->Hkv);
+    x->check_threads = ct < 1 ? 1 : ct;
+    const size_t cb = sdpa__mul_sat(check_per_thread(p), (size_t)x->check_threads);
+    x->bytes = sdpa__add_sat(kb > cb ? kb : cb, SDPA__WS_ALIGN_SLACK);
+    return SDPA_OK;
 }
 
 SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const sdpa_tensor *k,
                                                    const sdpa_tensor *v, const sdpa_options *options,
                                                    int weights_requested, size_t *bytes) {
+    static const char fn[] = "sdpa_attention_workspace_size";
     sdpa__plan p;
     sdpa_options o;
+    exec x;
     sdpa__clear_error();
     if (bytes == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "sdpa_attention_workspace_size: bytes is NULL");
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: bytes is NULL", fn);
     sdpa_status st = make_plan(q, k, v, options, NULL, NULL, NULL, true, &p, &o);
     if (st != SDPA_OK)
         return st;
     p.has_weights = weights_requested != 0;
-    size_t n = workspace_bytes(&p);
-    if (n == SIZE_MAX)
-        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "sdpa_attention_workspace_size: the workspace size overflows size_t");
-    *bytes = n;
+    if ((st = choose(fn, &p, &x)) != SDPA_OK)
+        return st;
+    if (x.bytes == SIZE_MAX)
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", fn);
+    *bytes = x.bytes;
     return SDPA_OK;
 }
 
@@ -458,11 +617,14 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, 
                                     const sdpa_tensor *weights, const sdpa_tensor *lse) {
     sdpa__plan p;
     sdpa_options o;
+    exec x;
     sdpa__clear_error();
     sdpa_status st = make_plan(q, k, v, options, out, weights, lse, false, &p, &o);
     if (st != SDPA_OK)
         return st;
-    size_t need = workspace_bytes(&p);
+    if ((st = choose(FN, &p, &x)) != SDPA_OK)
+        return st;
+    size_t need = x.bytes;
     if (need == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", FN);
     if (o.workspace != NULL && o.workspace_bytes < need)
@@ -482,10 +644,24 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, 
     /* Any caller alignment is accepted: the size includes 64 bytes of slack to round up. */
     ws = (void *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
     need -= SDPA__WS_ALIGN_SLACK;
-    /* The kernel's workspace starts with S bytes of row flags; check_values borrows them. */
-    st = check_values(&p, (uint8_t *)ws);
-    if (st == SDPA_OK)
-        st = sdpa__kernel_reference(&p, ws, need);
+    const sdpa__mk *mk = sdpa__mk_select();
+    /* The decode kernel checks the K/V rows it streams itself (no second pass over the cache). */
+    const bool kv_in_kernel = x.kernel == SDPA_KERNEL_DECODE && p.check_finite;
+    st = check_values(&p, mk, x.check_threads, !kv_in_kernel, ws);
+    if (st == SDPA_OK) {
+        if (x.kernel == SDPA_KERNEL_TILED) {
+            st = sdpa__kernel_tiled(&p, mk, x.threads, ws, need);
+        } else if (x.kernel == SDPA_KERNEL_DECODE) {
+            st = sdpa__kernel_decode(&p, mk, x.threads, kv_in_kernel, ws, need);
+            if (st == SDPA_ERR_NON_FINITE) { /* name the first failure, as the full scan would */
+                st = check_values(&p, mk, x.check_threads, true, ws);
+                if (st == SDPA_OK)
+                    st = sdpa__kernel_decode(&p, mk, x.threads, false, ws, need);
+            }
+        } else {
+            st = sdpa__kernel_reference(&p, ws, need);
+        }
+    }
     free(owned);
     return st;
 }

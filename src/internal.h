@@ -163,5 +163,36 @@ void sdpa__dropout_apply(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i
 /* ---- kernels ---- */
 size_t sdpa__reference_workspace_bytes(const sdpa__plan *p);
 sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws, size_t ws_bytes);
+/* The reference path's double-precision row (b, h, i): out row, lse (nullable) from scores
+ * recomputed in double, dropout applied as everywhere. For rows float32 cannot carry although
+ * the inputs are finite. The row must have an allowed key. acc: Ev doubles of scratch. */
+void sdpa__reference_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
+                                double *acc, float *orow, float *lrow);
+
+/* Saturating size arithmetic (SIZE_MAX = overflow) and 64-byte rounding. */
+static inline size_t sdpa__add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+static inline size_t sdpa__mul_sat(size_t a, size_t b) { return (b != 0 && a > SIZE_MAX / b) ? SIZE_MAX : a * b; }
+static inline size_t sdpa__align64(size_t x) { return x > SIZE_MAX - 63u ? SIZE_MAX : (x + 63u) & ~(size_t)63u; }
+
+/* Micro-kernel set (src/microkernel*.c): chosen per call, see microkernel.h. */
+struct sdpa__mk;
+
+/* Tiled (FlashAttention-2 style) kernel, src/kernel_tiled.c. Threads: how many this call runs
+ * (a function of the shape and p->num_threads only); bytes: its workspace for that many. */
+int sdpa__tiled_threads(const sdpa__plan *p);
+size_t sdpa__tiled_workspace_bytes(const sdpa__plan *p, int threads);
+sdpa_status sdpa__kernel_tiled(const sdpa__plan *p, const struct sdpa__mk *mk, int threads, void *ws,
+                               size_t ws_bytes);
+
+/* Decode kernel (small L), src/kernel_decode.c. Work items are (b, kv head, group of query rows,
+ * key chunk); the chunking depends on the shape only. Outputs are assembled in the workspace and
+ * written at the end. With check_kv (the caller has checked everything but the K/V rows) the
+ * kernel returns SDPA_ERR_NON_FINITE, without a message and without writing anything, when any
+ * row's scores or output came out non-finite: a NaN/Inf in a K/V row it read, or an overflow of
+ * finite inputs; the caller tells them apart with the full scan (see kernel_decode.c). */
+int sdpa__decode_threads(const sdpa__plan *p);
+size_t sdpa__decode_workspace_bytes(const sdpa__plan *p, int threads);
+sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const struct sdpa__mk *mk, int threads, bool check_kv,
+                                void *ws, size_t ws_bytes);
 
 #endif

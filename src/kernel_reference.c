@@ -172,6 +172,11 @@ static void row_in_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_
                     : 0.0f;
 }
 
+void sdpa__reference_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
+                                double *acc, float *orow, float *lrow) {
+    row_in_double(p, drop, b, h, i, acc, orow, NULL, lrow);
+}
+
 /* Step 2 for row i: turns its scores s[0, n) (keys jlo + [0, n)) into probabilities, exact 0
  * where blocked, writes lse and weights, and returns ROW_PV if out still needs P.V, or
  * ROW_DONE if the row is complete (padding, empty, or redone in double). */

@@ -2084,7 +2084,8 @@ static void attention_empty_views_with_null_data_succeed(void **state)
             fail_msg("Ev = 0: lse[%d] = %.9g, expected ln 2", i, (double)lse[i]);
         }
     }
-    assert_string_equal(sdpa_last_kernel(), "reference");
+    /* L = 2 without weights: AUTO runs the decode path; a kernel did run (not "none"). */
+    assert_true(strncmp(sdpa_last_kernel(), "decode-", 7) == 0);
 
     /* L = 0 with NULL q and out: valid, nothing computed, kernel "none" */
     float kk[6] = {1, 2, 3, 4, 5, 6}, vv[6] = {1, 2, 3, 4, 5, 6};

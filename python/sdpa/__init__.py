@@ -23,7 +23,7 @@ from .masks import (allow_and, allow_from_additive, allow_from_ignore, allow_fro
                     sliding_window_allow_mask)
 from .mha import MultiheadAttention
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "scaled_dot_product_attention", "merge", "MultiheadAttention", "last_kernel",
@@ -45,5 +45,5 @@ def library():
 
 
 def library_version():
-    """The version string of the loaded libsdpa, e.g. "0.2.0"."""
+    """The version string of the loaded libsdpa, e.g. "0.3.0"."""
     return library().version_string

@@ -1,0 +1,399 @@
+/* The decode kernel, for a few query rows (KV-cache decode, L = 1..4): one pass over K and V.
+ *
+ * A work item is (batch b, kv head g, group of up to RMAX query rows of that kv head's query
+ * heads, chunk of keys). All the rows of an item share each K and V tile it reads, so a GQA
+ * group streams its K/V once. Scores are dot products along E (vectors along E), P.V is an
+ * axpy along Ev; each row keeps its own running max m, sum l (double) and output accumulator,
+ * as in the tiled kernel. Tiles no row may attend are skipped before K or V is touched, and a
+ * key no row may attend is never read into P.V.
+ *
+ * When there are few (b, kv head, row group) items for the machine to share (fewer than
+ * SPLIT_ITEMS), the keys are split into chunks, each an item of its own; every chunk leaves
+ * (m, l, unnormalised out) per row, and the chunks are merged in order with the exact
+ * logsumexp rule: M = max m_c, l = sum l_c exp(m_c - M), out = sum o_c exp(m_c - M) / l.
+ * The chunking depends on the shape only, so results are bit-identical for any thread count.
+ *
+ * Outputs are assembled in the workspace and written only at the end. That gives the finite
+ * check's K/V part for free (check_kv): a NaN/Inf in a K row that some row attends makes that
+ * row's score non-finite (0 * Inf is NaN too), and one in a V row of a used key makes some
+ * row's output accumulator non-finite, as P.V reads the used keys for every row of the item. So
+ * when any row comes out non-finite the kernel writes nothing and returns SDPA_ERR_NON_FINITE
+ * without a message; the caller runs the full scan, which names the row, or finds none (a
+ * float32 overflow of finite inputs) and reruns the kernel without check_kv, whose double
+ * fallback then handles the row. The cache is read once. */
+#include "microkernel.h"
+
+#include <math.h>
+#include <string.h>
+
+#define BN SDPA__TILE_K
+#define RMAX 8             /* query rows per work item */
+#define SPLIT_ITEMS 16     /* below this many items, split the keys */
+#define SPLIT_MIN_KEYS 512 /* ... into chunks of at least this many keys */
+
+enum { ROW_OFF = 0, ROW_VALID = 1 };
+enum { MODE_NONE = 0, MODE_FULL = 1, MODE_PART = 2 };
+
+typedef struct dplan {
+    int64_t rows_per_g, nrg, nchunks, chunk, items;
+} dplan;
+
+static dplan decode_plan(const sdpa__plan *p) {
+    dplan d;
+    d.rows_per_g = p->group * p->L;
+    d.nrg = (d.rows_per_g + RMAX - 1) / RMAX;
+    const int64_t base = p->B * p->Hkv * d.nrg;
+    d.nchunks = 1;
+    if (base > 0 && base < SPLIT_ITEMS) {
+        int64_t want = (SPLIT_ITEMS + base - 1) / base, most = p->S / SPLIT_MIN_KEYS;
+        d.nchunks = want < most ? want : most;
+        if (d.nchunks < 1)
+            d.nchunks = 1;
+    }
+    d.chunk = (p->S + d.nchunks - 1) / d.nchunks;
+    d.chunk = (d.chunk + BN - 1) / BN * BN;
+    if (d.chunk < BN)
+        d.chunk = BN;
+    d.nchunks = p->S > 0 ? (p->S + d.chunk - 1) / d.chunk : 1;
+    d.items = base * d.nchunks;
+    return d;
+}
+
+int sdpa__decode_threads(const sdpa__plan *p) {
+    const dplan d = decode_plan(p);
+    const double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
+    /* Memory traffic matters as much as arithmetic here: count K and V bytes too. */
+    const double bytes = 4.0 * (double)p->B * (double)p->Hkv * (double)p->S * (double)(p->E + p->Ev);
+    const double cap = flops / 4e6 + bytes / 2e6;
+    int64_t t = p->num_threads < SDPA__MAX_THREADS ? p->num_threads : SDPA__MAX_THREADS;
+    if (t > d.items)
+        t = d.items;
+    if ((double)t > cap)
+        t = (int64_t)cap;
+    return t < 1 ? 1 : (int)t;
+}
+
+typedef struct layout {
+    /* per thread */
+    size_t qp, s, allowed, kp, vp, o, m, l, alpha, bad, mode, state, used, idx, total;
+    /* shared, after threads * total */
+    size_t pm, pl, pbad, po, acc, shared;
+} layout;
+
+static size_t take(size_t *at, size_t bytes) {
+    size_t here = *at;
+    *at = sdpa__add_sat(*at, sdpa__align64(bytes));
+    return here;
+}
+
+static layout make_layout(const sdpa__plan *p, const dplan *d) {
+    const size_t E = (size_t)p->E, Ev = (size_t)p->Ev, f = sizeof(float);
+    layout l;
+    size_t at = 0;
+    l.qp = take(&at, sdpa__mul_sat(E, RMAX * f));
+    l.s = take(&at, (size_t)RMAX * BN * f);
+    l.allowed = take(&at, (size_t)RMAX * BN);
+    l.kp = take(&at, sdpa__mul_sat(E, BN * f));
+    l.vp = take(&at, sdpa__mul_sat(Ev, BN * f));
+    l.o = take(&at, sdpa__mul_sat(Ev, RMAX * f));
+    l.m = take(&at, RMAX * f);
+    l.l = take(&at, RMAX * sizeof(double));
+    l.alpha = take(&at, RMAX * f);
+    l.bad = take(&at, RMAX * sizeof(int32_t));
+    l.mode = take(&at, RMAX);
+    l.state = take(&at, RMAX);
+    l.used = take(&at, BN);
+    l.idx = take(&at, BN * sizeof(int32_t));
+    l.total = at;
+    const size_t slots = sdpa__mul_sat(sdpa__mul_sat(sdpa__mul_sat((size_t)p->B, (size_t)p->Hq), (size_t)p->L),
+                                       (size_t)d->nchunks);
+    at = 0;
+    l.pm = take(&at, sdpa__mul_sat(slots, f));
+    l.pl = take(&at, sdpa__mul_sat(slots, sizeof(double)));
+    l.pbad = take(&at, sdpa__mul_sat(slots, sizeof(int32_t)));
+    l.po = take(&at, sdpa__mul_sat(sdpa__mul_sat(slots, Ev), f));
+    l.acc = take(&at, sdpa__mul_sat(Ev, sizeof(double)));
+    l.shared = at;
+    return l;
+}
+
+size_t sdpa__decode_workspace_bytes(const sdpa__plan *p, int threads) {
+    const dplan d = decode_plan(p);
+    const layout l = make_layout(p, &d);
+    return sdpa__add_sat(sdpa__mul_sat(l.total, (size_t)(threads < 1 ? 1 : threads)), l.shared);
+}
+
+typedef struct dctx {
+    const sdpa__plan *p;
+    const sdpa__mk *mk;
+    sdpa__dropout drop;
+    dplan d;
+    layout lay;
+    unsigned char *ws, *shared;
+    float qscale;
+    bool check_kv;
+} dctx;
+
+static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
+
+static int64_t slot_of(const sdpa__plan *p, const dplan *d, int64_t b, int64_t h, int64_t i, int64_t ck) {
+    return ((b * p->Hq + h) * p->L + i) * d->nchunks + ck;
+}
+
+static void decode_task(void *vctx, int64_t task, int tid) {
+    const dctx *c = (const dctx *)vctx;
+    const sdpa__plan *p = c->p;
+    const sdpa__mk *mk = c->mk;
+    const dplan *d = &c->d;
+    const layout *lay = &c->lay;
+    unsigned char *ws = c->ws + (size_t)tid * lay->total;
+    float *qp = (float *)(ws + lay->qp), *s = (float *)(ws + lay->s), *kp = (float *)(ws + lay->kp);
+    float *vp = (float *)(ws + lay->vp), *o = (float *)(ws + lay->o), *m = (float *)(ws + lay->m);
+    float *alpha = (float *)(ws + lay->alpha);
+    double *l = (double *)(ws + lay->l);
+    int32_t *bad = (int32_t *)(ws + lay->bad), *idx = (int32_t *)(ws + lay->idx);
+    uint8_t *allowed = ws + lay->allowed, *mode = ws + lay->mode, *state = ws + lay->state, *used = ws + lay->used;
+
+    const int64_t ck = task % d->nchunks, rest = task / d->nchunks;
+    const int64_t rg = rest % d->nrg, bg = rest / d->nrg;
+    const int64_t b = bg / p->Hkv, g = bg % p->Hkv;
+    const int64_t r0 = rg * RMAX, R = d->rows_per_g - r0 < RMAX ? d->rows_per_g - r0 : RMAX;
+    const int64_t k0 = ck * d->chunk, k1 = k0 + d->chunk < p->S ? k0 + d->chunk : p->S;
+    const int64_t E = p->E, Ev = p->Ev;
+    int64_t hrow[RMAX], irow[RMAX], lo[RMAX], hi[RMAX];
+
+    int64_t jmin = k1, jmax = k0;
+    for (int64_t r = 0; r < R; ++r) {
+        hrow[r] = g * p->group + (r0 + r) / p->L;
+        irow[r] = (r0 + r) % p->L;
+        state[r] = ROW_OFF;
+        m[r] = -INFINITY;
+        l[r] = 0.0;
+        bad[r] = 0;
+        lo[r] = hi[r] = 0;
+        if (sdpa__row_is_padding(p, b, irow[r]))
+            continue;
+        int64_t a, e;
+        sdpa__row_range(p, b, irow[r], &a, &e);
+        a = a > k0 ? a : k0;
+        e = e < k1 ? e : k1;
+        if (a >= e)
+            continue;
+        state[r] = ROW_VALID;
+        lo[r] = a;
+        hi[r] = e;
+        jmin = a < jmin ? a : jmin;
+        jmax = e > jmax ? e : jmax;
+    }
+    if (Ev > 0)
+        memset(o, 0, (size_t)(R * Ev) * sizeof(float));
+
+    const float *kbase = at(p->k.data, b * p->k.strides[0] + g * p->k.strides[1]); /* NULL when S = 0 */
+    const float *vbase = at(p->v.data, b * p->v.strides[0] + g * p->v.strides[1]);
+    const int64_t ks2 = p->k.strides[2], ks3 = p->k.strides[3], vs2 = p->v.strides[2], vs3 = p->v.strides[3];
+    for (int64_t r = 0; r < R; ++r) {
+        if (state[r] != ROW_VALID)
+            continue;
+        const float *qr = p->q.data + b * p->q.strides[0] + hrow[r] * p->q.strides[1] + irow[r] * p->q.strides[2];
+        for (int64_t e = 0; e < E; ++e)
+            qp[r * E + e] = qr[e * p->q.strides[3]] * c->qscale;
+    }
+
+    for (int64_t a = jmin / BN * BN; a < jmax; a += BN) {
+        const int64_t ta = a > jmin ? a : jmin, tc = a + BN < jmax ? a + BN : jmax, n = tc - ta;
+        bool any = false, any_full = false;
+        memset(used, 0, (size_t)n);
+        for (int64_t r = 0; r < R; ++r) {
+            mode[r] = MODE_NONE;
+            if (state[r] != ROW_VALID || lo[r] >= tc || hi[r] <= ta)
+                continue;
+            if (lo[r] <= ta && hi[r] >= tc && !p->has_mask && !p->has_bias) {
+                mode[r] = MODE_FULL;
+                any = any_full = true;
+                continue;
+            }
+            const int64_t i = irow[r], h = hrow[r];
+            uint8_t *al = allowed + r * BN;
+            const uint8_t *mrow = p->has_mask ? (const uint8_t *)p->mask.data + b * p->mask.strides[0] +
+                                                    h * p->mask.strides[1] + i * p->mask.strides[2]
+                                              : NULL;
+            const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
+            bool row_any = false;
+            for (int64_t t = 0; t < n; ++t) {
+                const int64_t j = ta + t;
+                bool ok = j >= lo[r] && j < hi[r] && (mrow == NULL || mrow[j * p->mask.strides[3]] != 0) &&
+                          (brow == NULL || brow[j * p->bias.strides[3]] != -INFINITY);
+                al[t] = ok;
+                used[t] |= ok;
+                row_any = row_any || ok;
+            }
+            if (row_any) {
+                mode[r] = MODE_PART;
+                any = true;
+            }
+        }
+        if (!any)
+            continue;
+        if (any_full)
+            memset(used, 1, (size_t)n);
+
+        /* K tile: in place when rows are contiguous along E, else packed. */
+        const float *kt = kbase + ta * ks2;
+        ptrdiff_t kstride = (ptrdiff_t)ks2;
+        if (ks3 != 1) {
+            for (int64_t t = 0; t < n; ++t)
+                for (int64_t e = 0; e < E; ++e)
+                    kp[t * E + e] = kt[t * ks2 + e * ks3];
+            kt = kp;
+            kstride = (ptrdiff_t)E;
+        }
+
+        for (int64_t r = 0; r < R; ++r) {
+            if (mode[r] == MODE_NONE)
+                continue;
+            float *sr = s + r * BN;
+            mk->dot_rows(qp + r * E, E, kt, kstride, n, sr);
+            if (p->softcap > 0.0f)
+                mk->softcap(sr, n, p->softcap);
+            if (mode[r] == MODE_PART) {
+                const uint8_t *al = allowed + r * BN;
+                const float *brow = p->has_bias ? sdpa__bias_row(p, b, hrow[r], irow[r]) : NULL;
+                for (int64_t t = 0; t < n; ++t) {
+                    if (!al[t]) {
+                        sr[t] = -INFINITY;
+                        continue;
+                    }
+                    if (brow != NULL)
+                        sr[t] += brow[(ta + t) * p->bias.strides[3]];
+                    if (!isfinite(sr[t]))
+                        bad[r] = -1;
+                }
+            }
+            const float mx = mk->row_max(sr, n, mode[r] == MODE_FULL ? &bad[r] : NULL);
+            const float mo = m[r], mn = mx > mo ? mx : mo, u = mn == -INFINITY ? 0.0f : mn;
+            alpha[r] = expf(mo - u);
+            const float tsum = mk->exp_sum(sr, n, u);
+            l[r] = l[r] * (double)alpha[r] + (double)tsum;
+            m[r] = mn;
+            sdpa__dropout_apply(&c->drop, b, hrow[r], irow[r], ta, n, sr);
+        }
+        if (Ev == 0)
+            continue;
+
+        int64_t cnt = 0;
+        for (int64_t t = 0; t < n; ++t)
+            if (used[t])
+                idx[cnt++] = (int32_t)t;
+        const float *vt = vbase + ta * vs2;
+        ptrdiff_t vstride = (ptrdiff_t)vs2;
+        if (vs3 != 1) { /* pack the used rows only */
+            for (int64_t u = 0; u < cnt; ++u)
+                for (int64_t e = 0; e < Ev; ++e)
+                    vp[idx[u] * Ev + e] = vt[idx[u] * vs2 + e * vs3];
+            vt = vp;
+            vstride = (ptrdiff_t)Ev;
+        }
+        for (int64_t r = 0; r < R; ++r)
+            if (mode[r] != MODE_NONE)
+                mk->axpy_rows(o + r * Ev, Ev, alpha[r], s + r * BN, idx, cnt, vt, vstride);
+    }
+
+    float *pm = (float *)(c->shared + lay->pm), *po = (float *)(c->shared + lay->po);
+    double *pl = (double *)(c->shared + lay->pl);
+    int32_t *pbad = (int32_t *)(c->shared + lay->pbad);
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t sl = slot_of(p, d, b, hrow[r], irow[r], ck);
+        pm[sl] = m[r];
+        pl[sl] = l[r];
+        pbad[sl] = bad[r];
+        if (Ev > 0)
+            memcpy(po + sl * Ev, o + r * Ev, (size_t)Ev * sizeof(float));
+    }
+}
+
+sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int threads, bool check_kv, void *ws,
+                                size_t ws_bytes) {
+    dctx c;
+    c.p = p;
+    c.mk = mk;
+    c.d = decode_plan(p);
+    c.lay = make_layout(p, &c.d);
+    if (threads < 1)
+        threads = 1;
+    if (ws_bytes < sdpa__decode_workspace_bytes(p, threads))
+        return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: decode kernel workspace of %zu bytes is too small",
+                          ws_bytes);
+    c.ws = (unsigned char *)ws;
+    c.shared = c.ws + (size_t)threads * c.lay.total;
+    c.check_kv = check_kv;
+    sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
+    c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
+    sdpa__parallel_for(threads, c.d.items, decode_task, &c);
+
+    const float *pm = (const float *)(c.shared + c.lay.pm), *po = (const float *)(c.shared + c.lay.po);
+    const double *pl = (const double *)(c.shared + c.lay.pl);
+    const int32_t *pbad = (const int32_t *)(c.shared + c.lay.pbad);
+    double *acc = (double *)(c.shared + c.lay.acc);
+    const int64_t nc = c.d.nchunks, Ev = p->Ev;
+    if (check_kv) { /* any non-finite row: nothing written (see the comment at the top) */
+        const int64_t slots = p->B * p->Hq * p->L * nc;
+        for (int64_t t = 0; t < slots; ++t)
+            if (pbad[t] != 0 || !isfinite(pl[t]))
+                return SDPA_ERR_NON_FINITE;
+        if (Ev > 0 && !mk->all_finite(po, slots * Ev))
+            return SDPA_ERR_NON_FINITE;
+    }
+
+    /* Merge the chunks of each row in order and write the outputs. */
+    for (int64_t b = 0; b < p->B; ++b)
+        for (int64_t h = 0; h < p->Hq; ++h)
+            for (int64_t i = 0; i < p->L; ++i) {
+                float *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
+                float *lrow = p->has_lse ? p->lse + b * p->lse_strides[0] + h * p->lse_strides[1] +
+                                               i * p->lse_strides[2]
+                                         : NULL;
+                const int64_t s0 = slot_of(p, &c.d, b, h, i, 0);
+                bool anybad = false;
+                double M = -INFINITY;
+                for (int64_t k = 0; k < nc; ++k) {
+                    anybad = anybad || pbad[s0 + k] != 0;
+                    if (pl[s0 + k] > 0.0 && (double)pm[s0 + k] > M)
+                        M = (double)pm[s0 + k];
+                }
+                if (anybad) {
+                    sdpa__reference_row_double(p, &c.drop, b, h, i, acc, orow, lrow);
+                    continue;
+                }
+                if (M == -INFINITY) { /* padding, or no allowed key */
+                    for (int64_t e = 0; e < Ev; ++e)
+                        orow[e * p->out.strides[3]] = 0.0f;
+                    if (lrow)
+                        *lrow = -INFINITY;
+                    continue;
+                }
+                double w[64], lt = 0.0; /* nc <= SPLIT_ITEMS <= 64 */
+                for (int64_t k = 0; k < nc; ++k) {
+                    w[k] = pl[s0 + k] > 0.0 ? exp((double)pm[s0 + k] - M) : 0.0;
+                    lt += pl[s0 + k] * w[k];
+                }
+                const double inv = (double)c.drop.scale / lt;
+                bool fin = true;
+                for (int64_t e = 0; e < Ev && fin; ++e) {
+                    double x = 0.0;
+                    for (int64_t k = 0; k < nc; ++k)
+                        if (w[k] != 0.0)
+                            x += (double)po[(s0 + k) * Ev + e] * w[k];
+                    const float y = (float)(x * inv);
+                    fin = isfinite(x) && isfinite(y);
+                    orow[e * p->out.strides[3]] = y;
+                }
+                if (!fin) {
+                    sdpa__reference_row_double(p, &c.drop, b, h, i, acc, orow, lrow);
+                    continue;
+                }
+                if (lrow)
+                    *lrow = (float)(M + log(lt));
+            }
+    sdpa__set_kernel(nc > 1 ? mk->decode_split_name : mk->decode_name);
+    return SDPA_OK;
+}

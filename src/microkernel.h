@@ -1,0 +1,98 @@
+/* Micro-kernels of the tiled and decode paths: one table per instruction set, chosen per call.
+ * Tile products never go through BLAS (OpenBLAS would start and synchronise its threads for
+ * each tiny product); these loops are the whole arithmetic of the two paths.
+ *
+ * Two layouts:
+ *  - "lanes" (tiled path): query rows are vector lanes. A tile is t[j * nl + l]: row j (a key,
+ *    or an output column of P.V), lane l (a query row); nl is a multiple of SDPA__LANES. Row
+ *    maxima and sums of the online softmax are then per-lane (vertical) operations, and K and V
+ *    are read in place with any strides (their elements are broadcast), so only Q is packed.
+ *  - "rows" (decode path): one query row at a time, vectors along E / Ev, keys of a tile
+ *    contiguous in a row of scores.
+ */
+#ifndef SDPA_MICROKERNEL_H
+#define SDPA_MICROKERNEL_H
+
+#include "internal.h"
+
+#include <stddef.h>
+
+#define SDPA__LANES 16  /* lane quantum: nl is always a multiple of it */
+#define SDPA__TILE_Q 64 /* query rows (lanes) per tiled work item */
+#define SDPA__TILE_K 64 /* keys per tile (both paths) */
+
+typedef struct sdpa__mk {
+    const char *tiled_name, *decode_name, *decode_split_name; /* sdpa_last_kernel() names */
+
+    /* c[r * ld + l] = sum_{k < kk} a[r * ars + k * aks] * b[k * ld + l]  for r < m, l < nl;
+     * with beta != NULL the sum is added to beta[l] * c[r * ld + l] instead. kk may be 0. */
+    void (*lanes_gemm)(int64_t m, int64_t kk, const float *a, ptrdiff_t ars, ptrdiff_t aks, const float *b,
+                       float *c, const float *beta, int64_t nl, int64_t ld);
+    /* x[t] = cap * tanh(x[t]) for t < n; NaN where x[t] is NaN or +-Inf, so that a raw score that
+     * overflowed float32 (its true value may have either sign) stays visible as not finite. */
+    void (*softcap)(float *x, int64_t n, float cap);
+    /* Lanes tile of n rows (keys j0 + j, row stride ld, lanes [0, nl)): t = -inf where j0 + j
+     * is outside [lo[l], hi[l]); bad[l] = -1 where an allowed element is not finite. */
+    void (*lanes_range_mask)(float *t, int64_t n, int64_t nl, int64_t ld, int32_t j0, const int32_t *lo,
+                             const int32_t *hi, int32_t *bad);
+    /* Online softmax step on a lanes tile (row stride ld; blocked elements hold -inf): per lane
+     * l, mx = max_j t, m' = max(m[l], mx), u = (m' == -inf ? 0 : m'), alpha[l] = exp(m[l] - u),
+     * t = exp(t - u) in place, tsum[l] = sum_j t (float, in j order), m[l] = m'. With bad != NULL
+     * also bad[l] = -1 where some t is not finite (tiles without blocked elements). n may be 0. */
+    void (*lanes_softmax)(float *t, int64_t n, int64_t nl, int64_t ld, float *m, float *alpha, float *tsum,
+                          int32_t *bad);
+    /* Lanes per chunk when a tile is computed per chunk of rows (a multiple of SDPA__LANES): the
+     * width at which lanes_gemm runs at full speed. */
+    int64_t range_lanes;
+
+    /* s[t] = sum_{e < ne} q[e] * k[t * ks + e] for t < n (rows of k contiguous). */
+    void (*dot_rows)(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s);
+    /* max of s[0, n) (-inf if n = 0); with bad != NULL, *bad = -1 if some s is not finite. */
+    float (*row_max)(const float *s, int64_t n, int32_t *bad);
+    /* s[t] = exp(s[t] - u) in place; returns the float sum in t order (per vector lane, then lanes). */
+    float (*exp_sum)(float *s, int64_t n, float u);
+    /* o[d] = alpha * o[d] + sum_{t < cnt} p[idx[t]] * v[idx[t] * vs + d] for d < nev (rows of v
+     * contiguous). */
+    void (*axpy_rows)(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
+                      const float *v, ptrdiff_t vs);
+    /* Whether x[0, n) (contiguous) holds no NaN or Inf. */
+    bool (*all_finite)(const float *x, int64_t n);
+
+    /* Transposes between row-major rows (contiguous along their ncols elements, rows at stride
+     * rs) and a lanes tile (row stride ld): pack: t[c * ld + r] = scale * x[r * rs + c];
+     * unpack: x[r * rs + c] = t[c * ld + r]; for r < nrows, c < ncols. */
+    void (*pack_lanes)(const float *x, ptrdiff_t rs, int64_t nrows, int64_t ncols, float scale, float *t,
+                       int64_t ld);
+    void (*unpack_lanes)(const float *t, int64_t ld, int64_t nrows, int64_t ncols, float *x, ptrdiff_t rs);
+} sdpa__mk;
+
+extern const sdpa__mk sdpa__mk_portable;
+#if defined(SDPA_HAVE_AVX2)
+extern const sdpa__mk sdpa__mk_avx2; /* src/microkernel_avx2.c, built with -mavx2 -mfma */
+/* Its "rows" members and softcap, shared by the AVX-512 set (decode is bound by memory). */
+void sdpa__avx2_softcap(float *x, int64_t n, float cap);
+void sdpa__avx2_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s);
+float sdpa__avx2_row_max(const float *s, int64_t n, int32_t *bad);
+float sdpa__avx2_exp_sum(float *s, int64_t n, float u);
+void sdpa__avx2_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
+                          const float *v, ptrdiff_t vs);
+bool sdpa__avx2_all_finite(const float *x, int64_t n);
+void sdpa__avx2_pack_lanes(const float *x, ptrdiff_t rs, int64_t nrows, int64_t ncols, float scale, float *t,
+                           int64_t ld);
+void sdpa__avx2_unpack_lanes(const float *t, int64_t ld, int64_t nrows, int64_t ncols, float *x, ptrdiff_t rs);
+#endif
+#if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
+extern const sdpa__mk sdpa__mk_avx512; /* src/microkernel_avx512.c, built with -mavx512f */
+#endif
+
+/* The set for this call: the best the CPU supports (AVX-512F, else AVX2 with FMA, else
+ * portable), capped by the environment variable SDPA_MAX_ISA ("portable", "avx2" or "avx512"),
+ * which tests and benchmarks use to run every set on one machine. Read-only: nothing is cached
+ * or written. */
+const sdpa__mk *sdpa__mk_select(void);
+
+/* Whether every element of a strided vector is finite (any stride; unit stride goes through
+ * mk->all_finite). */
+bool sdpa__finite_strided(const sdpa__mk *mk, const float *x, int64_t n, int64_t stride);
+
+#endif

@@ -1,0 +1,180 @@
+/* AVX-512F micro-kernels for the tiled path's "lanes" tiles (16 lanes per register). Built with
+ * -mavx512f -mavx2 -mfma into its own static library; used only after sdpa__mk_select() has
+ * seen AVX-512F (and AVX2 + FMA) at run time. The decode path and softcap keep the AVX2 code:
+ * decode is bound by memory bandwidth, softcap is a side path.
+ *
+ * exp is the AVX2 file's algorithm (same clamp, Cody-Waite split, degree-7 Taylor polynomial,
+ * 2^n built in the exponent field so that inputs <= -87.7, -inf included, give exactly 0). */
+#include "microkernel.h"
+
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+
+#define AI static inline __attribute__((always_inline))
+
+AI __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-88.0f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* Lanes where x is NaN or +-Inf. */
+AI __mmask16 not_finite16(__m512 x) {
+    return _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ);
+}
+
+/* mr rows x (16 nv) lanes, mr <= 8, nv <= 2: up to 16 accumulators. */
+AI void lg_tile(int mr, int nv, int64_t kk, const float *a, ptrdiff_t ars, ptrdiff_t aks, const float *b,
+                int64_t ld, float *c, const float *beta) {
+    __m512 acc[8][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+        acc[r][0] = _mm512_setzero_ps();
+        acc[r][1] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < kk; ++k) {
+        const __m512 b0 = _mm512_loadu_ps(b + k * ld);
+        const __m512 b1 = nv > 1 ? _mm512_loadu_ps(b + k * ld + 16) : b0;
+        const float *ak = a + k * aks;
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
+            if (r < mr) {
+                const __m512 x = _mm512_set1_ps(ak[r * ars]);
+                acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+                if (nv > 1)
+                    acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+        if (r < mr) {
+            float *cr = c + r * ld;
+#pragma GCC unroll 2
+            for (int v = 0; v < 2; ++v) {
+                if (v < nv) {
+                    __m512 x = acc[r][v];
+                    if (beta != NULL)
+                        x = _mm512_fmadd_ps(_mm512_loadu_ps(beta + 16 * v), _mm512_loadu_ps(cr + 16 * v), x);
+                    _mm512_storeu_ps(cr + 16 * v, x);
+                }
+            }
+        }
+    }
+}
+
+typedef void (*tile_fn)(int64_t, const float *, ptrdiff_t, ptrdiff_t, const float *, int64_t, float *, const float *);
+
+#define LG(MR, NV)                                                                                              \
+    static void lg_##MR##_##NV(int64_t kk, const float *a, ptrdiff_t ars, ptrdiff_t aks, const float *b,       \
+                               int64_t ld, float *c, const float *beta) {                                      \
+        lg_tile(MR, NV, kk, a, ars, aks, b, ld, c, beta);                                                      \
+    }
+LG(1, 1)
+LG(2, 1)
+LG(3, 1)
+LG(4, 1)
+LG(5, 1)
+LG(6, 1)
+LG(7, 1)
+LG(8, 1)
+LG(1, 2)
+LG(2, 2)
+LG(3, 2)
+LG(4, 2)
+LG(5, 2)
+LG(6, 2)
+LG(7, 2)
+LG(8, 2)
+
+static void z_lanes_gemm(int64_t m, int64_t kk, const float *a, ptrdiff_t ars, ptrdiff_t aks, const float *b,
+                         float *c, const float *beta, int64_t nl, int64_t ld) {
+    static const tile_fn one[9] = {NULL, lg_1_1, lg_2_1, lg_3_1, lg_4_1, lg_5_1, lg_6_1, lg_7_1, lg_8_1};
+    static const tile_fn two[9] = {NULL, lg_1_2, lg_2_2, lg_3_2, lg_4_2, lg_5_2, lg_6_2, lg_7_2, lg_8_2};
+    for (int64_t l0 = 0; l0 < nl;) {
+        const int wide = nl - l0 >= 32;
+        const tile_fn *fns = wide ? two : one;
+        const float *bl = b + l0, *gl = beta != NULL ? beta + l0 : NULL;
+        int64_t r = 0;
+        for (; r + 8 <= m; r += 8)
+            fns[8](kk, a + r * ars, ars, aks, bl, ld, c + r * ld + l0, gl);
+        if (r < m)
+            fns[m - r](kk, a + r * ars, ars, aks, bl, ld, c + r * ld + l0, gl);
+        l0 += wide ? 32 : 16;
+    }
+}
+
+static void z_lanes_range_mask(float *t, int64_t n, int64_t nl, int64_t ld, int32_t j0, const int32_t *lo,
+                               const int32_t *hi, int32_t *bad) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t l = 0; l < nl; l += 16) {
+        const __m512i lom1 = _mm512_sub_epi32(_mm512_loadu_si512(lo + l), _mm512_set1_epi32(1));
+        const __m512i hiv = _mm512_loadu_si512(hi + l);
+        __mmask16 bm = 0;
+        for (int64_t j = 0; j < n; ++j) {
+            const __m512i key = _mm512_set1_epi32(j0 + (int32_t)j);
+            const __mmask16 ok = _mm512_cmpgt_epi32_mask(key, lom1) & _mm512_cmpgt_epi32_mask(hiv, key);
+            float *row = t + j * ld + l;
+            const __m512 x = _mm512_loadu_ps(row);
+            bm |= ok & not_finite16(x);
+            _mm512_storeu_ps(row, _mm512_mask_blend_ps(ok, ninf, x));
+        }
+        const __m512i old = _mm512_loadu_si512(bad + l);
+        _mm512_storeu_si512(bad + l, _mm512_mask_mov_epi32(old, bm, _mm512_set1_epi32(-1)));
+    }
+}
+
+static void z_lanes_softmax(float *t, int64_t n, int64_t nl, int64_t ld, float *m, float *alpha, float *tsum,
+                            int32_t *bad) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t l = 0; l < nl; l += 16) {
+        __m512 mx = ninf;
+        if (bad != NULL) {
+            __mmask16 bm = 0;
+            for (int64_t j = 0; j < n; ++j) {
+                const __m512 x = _mm512_loadu_ps(t + j * ld + l);
+                mx = _mm512_max_ps(mx, x);
+                bm |= not_finite16(x);
+            }
+            const __m512i old = _mm512_loadu_si512(bad + l);
+            _mm512_storeu_si512(bad + l, _mm512_mask_mov_epi32(old, bm, _mm512_set1_epi32(-1)));
+        } else {
+            for (int64_t j = 0; j < n; ++j)
+                mx = _mm512_max_ps(mx, _mm512_loadu_ps(t + j * ld + l));
+        }
+        const __m512 mo = _mm512_loadu_ps(m + l);
+        const __m512 mn = _mm512_max_ps(mx, mo);
+        const __m512 u = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn, _mm512_setzero_ps());
+        _mm512_storeu_ps(alpha + l, exp16(_mm512_sub_ps(mo, u)));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j = 0; j < n; ++j) {
+            float *row = t + j * ld + l;
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row), u));
+            _mm512_storeu_ps(row, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        _mm512_storeu_ps(tsum + l, sum);
+        _mm512_storeu_ps(m + l, mn);
+    }
+}
+
+const sdpa__mk sdpa__mk_avx512 = {
+    "tiled-avx512", "decode-avx2", "decode-split-avx2",
+    z_lanes_gemm, sdpa__avx2_softcap, z_lanes_range_mask, z_lanes_softmax, 2 * SDPA__LANES,
+    sdpa__avx2_dot_rows, sdpa__avx2_row_max, sdpa__avx2_exp_sum, sdpa__avx2_axpy_rows, sdpa__avx2_all_finite,
+    sdpa__avx2_pack_lanes, sdpa__avx2_unpack_lanes,
+};

@@ -1,0 +1,185 @@
+/* Portable C micro-kernels (any CPU) and the per-call choice of the micro-kernel set. */
+#include "microkernel.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void p_lanes_gemm(int64_t m, int64_t kk, const float *a, ptrdiff_t ars, ptrdiff_t aks, const float *b,
+                         float *c, const float *beta, int64_t nl, int64_t ld) {
+    for (int64_t l0 = 0; l0 < nl; l0 += SDPA__LANES) {
+        for (int64_t r = 0; r < m; ++r) {
+            float acc[SDPA__LANES];
+            for (int l = 0; l < SDPA__LANES; ++l)
+                acc[l] = 0.0f;
+            const float *ar = a + r * ars;
+            for (int64_t k = 0; k < kk; ++k) {
+                const float x = ar[k * aks];
+                const float *bk = b + k * ld + l0;
+                for (int l = 0; l < SDPA__LANES; ++l)
+                    acc[l] += x * bk[l];
+            }
+            float *cr = c + r * ld + l0;
+            if (beta != NULL)
+                for (int l = 0; l < SDPA__LANES; ++l)
+                    cr[l] = beta[l0 + l] * cr[l] + acc[l];
+            else
+                for (int l = 0; l < SDPA__LANES; ++l)
+                    cr[l] = acc[l];
+        }
+    }
+}
+
+static void p_softcap(float *x, int64_t n, float cap) {
+    for (int64_t t = 0; t < n; ++t)
+        x[t] = cap * tanhf(x[t]) + (x[t] - x[t]); /* NaN where x[t] is not finite */
+}
+
+static void p_lanes_range_mask(float *t, int64_t n, int64_t nl, int64_t ld, int32_t j0, const int32_t *lo,
+                               const int32_t *hi, int32_t *bad) {
+    for (int64_t j = 0; j < n; ++j) {
+        const int32_t key = j0 + (int32_t)j;
+        float *row = t + j * ld;
+        for (int64_t l = 0; l < nl; ++l) {
+            if (key >= lo[l] && key < hi[l]) {
+                if (!isfinite(row[l]))
+                    bad[l] = -1;
+            } else {
+                row[l] = -INFINITY;
+            }
+        }
+    }
+}
+
+static void p_lanes_softmax(float *t, int64_t n, int64_t nl, int64_t ld, float *m, float *alpha, float *tsum,
+                            int32_t *bad) {
+    for (int64_t l = 0; l < nl; ++l) {
+        float mx = -INFINITY;
+        bool fin = true;
+        for (int64_t j = 0; j < n; ++j) {
+            const float x = t[j * ld + l];
+            mx = x > mx ? x : mx;
+            fin = fin && isfinite(x);
+        }
+        if (bad != NULL && !fin)
+            bad[l] = -1;
+        const float mo = m[l], mn = mx > mo ? mx : mo, u = mn == -INFINITY ? 0.0f : mn;
+        alpha[l] = expf(mo - u);
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+            const float e = expf(t[j * ld + l] - u);
+            t[j * ld + l] = e;
+            sum += e;
+        }
+        tsum[l] = sum;
+        m[l] = mn;
+    }
+}
+
+static void p_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
+    for (int64_t t = 0; t < n; ++t) {
+        const float *kr = k + t * ks;
+        float acc = 0.0f;
+        for (int64_t e = 0; e < ne; ++e)
+            acc += q[e] * kr[e];
+        s[t] = acc;
+    }
+}
+
+static float p_row_max(const float *s, int64_t n, int32_t *bad) {
+    float mx = -INFINITY;
+    bool fin = true;
+    for (int64_t t = 0; t < n; ++t) {
+        mx = s[t] > mx ? s[t] : mx;
+        fin = fin && isfinite(s[t]);
+    }
+    if (bad != NULL && !fin)
+        *bad = -1;
+    return mx;
+}
+
+static float p_exp_sum(float *s, int64_t n, float u) {
+    float sum = 0.0f;
+    for (int64_t t = 0; t < n; ++t) {
+        s[t] = expf(s[t] - u);
+        sum += s[t];
+    }
+    return sum;
+}
+
+static void p_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
+                        const float *v, ptrdiff_t vs) {
+    for (int64_t d = 0; d < nev; ++d)
+        o[d] *= alpha;
+    for (int64_t t = 0; t < cnt; ++t) {
+        const float w = p[idx[t]];
+        const float *vr = v + (ptrdiff_t)idx[t] * vs;
+        for (int64_t d = 0; d < nev; ++d)
+            o[d] += w * vr[d];
+    }
+}
+
+static bool p_all_finite(const float *x, int64_t n) {
+    uint32_t bad = 0;
+    for (int64_t t = 0; t < n; ++t) {
+        uint32_t u;
+        memcpy(&u, &x[t], sizeof u);
+        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return bad == 0;
+}
+
+static void p_pack_lanes(const float *x, ptrdiff_t rs, int64_t nrows, int64_t ncols, float scale, float *t,
+                         int64_t ld) {
+    for (int64_t r = 0; r < nrows; ++r)
+        for (int64_t c = 0; c < ncols; ++c)
+            t[c * ld + r] = scale * x[r * rs + c];
+}
+
+static void p_unpack_lanes(const float *t, int64_t ld, int64_t nrows, int64_t ncols, float *x, ptrdiff_t rs) {
+    for (int64_t r = 0; r < nrows; ++r)
+        for (int64_t c = 0; c < ncols; ++c)
+            x[r * rs + c] = t[c * ld + r];
+}
+
+const sdpa__mk sdpa__mk_portable = {
+    "tiled-portable", "decode-portable", "decode-split-portable",
+    p_lanes_gemm, p_softcap, p_lanes_range_mask, p_lanes_softmax, SDPA__LANES,
+    p_dot_rows, p_row_max, p_exp_sum, p_axpy_rows, p_all_finite,
+    p_pack_lanes, p_unpack_lanes,
+};
+
+bool sdpa__finite_strided(const sdpa__mk *mk, const float *x, int64_t n, int64_t stride) {
+    if (n <= 0)
+        return true;
+    if (stride == 1)
+        return mk->all_finite(x, n);
+    for (int64_t t = 0; t < n; ++t)
+        if (!isfinite(x[t * stride]))
+            return false;
+    return true;
+}
+
+const sdpa__mk *sdpa__mk_select(void) {
+    const char *cap = getenv("SDPA_MAX_ISA");
+    int level = 2; /* 0 portable, 1 avx2, 2 avx512 */
+    if (cap != NULL && strcmp(cap, "portable") == 0)
+        level = 0;
+    else if (cap != NULL && strcmp(cap, "avx2") == 0)
+        level = 1;
+#if defined(SDPA_HAVE_AVX2) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    if (level == 0)
+        return &sdpa__mk_portable;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return &sdpa__mk_portable;
+#if defined(SDPA_HAVE_AVX512)
+    if (level >= 2 && __builtin_cpu_supports("avx512f"))
+        return &sdpa__mk_avx512;
+#endif
+    return &sdpa__mk_avx2;
+#else
+    (void)level;
+    return &sdpa__mk_portable;
+#endif
+}

@@ -1,0 +1,1438 @@
+/*
+ * The kernels behind sdpa_attention: the tiled (FlashAttention-2 style) path, the decode path
+ * (small L, split over keys) and the reference path, each with both micro-kernel sets (AVX2
+ * where the CPU has it, and the portable C set, selected with SDPA_MAX_ISA=portable). Every
+ * path must agree with the float64 reference (tests/ref) and with the other paths, give the
+ * same bits for any thread count, drop the same elements under dropout, never let NaN stored
+ * at a blocked key reach the output, and keep its workspace free of L*S terms.
+ */
+#include <float.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "test_common.h"
+
+#define RTOL 2e-5 /* vs the float64 reference, relative to max(1, |ref|) */
+#define TILE 64   /* SDPA__TILE_Q = SDPA__TILE_K of the tiled kernel */
+
+/* ------------------------------------------------------------- paths */
+
+typedef struct path {
+    int kernel;      /* sdpa_kernel */
+    const char *isa; /* NULL = best for this CPU, "portable" = the C micro-kernels */
+} path;
+
+static const path g_paths[] = {
+    {SDPA_KERNEL_REFERENCE, NULL},
+    {SDPA_KERNEL_TILED, NULL},       /* AVX-512 where the CPU has it */
+    {SDPA_KERNEL_TILED, "avx2"},
+    {SDPA_KERNEL_TILED, "portable"},
+    {SDPA_KERNEL_DECODE, NULL},      /* decode uses the AVX2 set on AVX-512 CPUs too */
+    {SDPA_KERNEL_DECODE, "portable"},
+};
+#define N_PATHS ((int)(sizeof g_paths / sizeof g_paths[0]))
+
+static void set_isa(const char *isa)
+{
+    if (isa) {
+        setenv("SDPA_MAX_ISA", isa, 1);
+    } else {
+        unsetenv("SDPA_MAX_ISA");
+    }
+}
+
+static int cpu_has_avx2(void)
+{
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+static int cpu_has_avx512(void)
+{
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
+}
+
+static int ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), w = strlen(tail);
+    return n >= w && strcmp(s + n - w, tail) == 0;
+}
+
+static const char *path_desc(const path *p)
+{
+    static char buf[64];
+    snprintf(buf, sizeof buf, "%s/%s",
+             p->kernel == SDPA_KERNEL_TILED ? "tiled" : p->kernel == SDPA_KERNEL_DECODE ? "decode" : "reference",
+             p->isa ? p->isa : "best");
+    return buf;
+}
+
+/* The kernel name must name the path and, for tiled/decode, the micro-kernel set. */
+static void check_kernel_name(const path *p, const char *what)
+{
+    const char *name = sdpa_last_kernel();
+    const char *prefix = p->kernel == SDPA_KERNEL_TILED ? "tiled-" : p->kernel == SDPA_KERNEL_DECODE ? "decode-" : "reference";
+    if (strncmp(name, prefix, strlen(prefix)) != 0) {
+        fail_msg("%s on %s: kernel \"%s\", expected \"%s...\"", what, path_desc(p), name, prefix);
+    }
+    if (p->kernel == SDPA_KERNEL_REFERENCE) {
+        return;
+    }
+    /* The set: portable when asked or without AVX2; AVX2 when capped there, and for decode
+     * (its kernels are AVX2 on AVX-512 CPUs too); else AVX-512 where the CPU (and the compiler
+     * that built the library) has it. */
+    const char *want = !cpu_has_avx2() || (p->isa && strcmp(p->isa, "portable") == 0) ? "-portable" : "-avx2";
+    int ok = ends_with(name, want);
+    if (!ok && p->isa == NULL && p->kernel == SDPA_KERNEL_TILED && cpu_has_avx512()) {
+        ok = ends_with(name, "-avx512");
+    }
+    if (!ok) {
+        fail_msg("%s on %s: kernel \"%s\" does not end with \"%s\"", what, path_desc(p), name, want);
+    }
+}
+
+/* ------------------------------------------------------------- cases */
+
+typedef struct kcase {
+    char desc[1536];
+    int rank;
+    int64_t B, Hq, Hkv, L, S, E, Ev;
+    tc_buf q, k, v, out, lse, bias;
+    int has_bias, has_mask;
+    uint8_t *mask_base;
+    sdpa_allow_mask mask;
+    ref_mask rmask;
+    ref_view rbias;
+    sdpa_tensor tbias;
+    int64_t offsets[4], kl[4], ql[4];
+    sdpa_options opt;
+    ref_problem rp;
+    /* float64 reference */
+    double *rout, *rlse;
+    uint8_t *kind;
+    int ref_status;
+    /* results of one run, flattened [B, Hq, L, Ev] and [B, Hq, L] */
+    float *fout, *flse;
+} kcase;
+
+static int append(char *buf, size_t cap, const char *fmt, ...)
+{
+    size_t len = strlen(buf);
+    if (len >= cap) {
+        return 0;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
+    return n;
+}
+
+static void random_layout(tc_rng *r, tc_layout *lay, int rank, const int64_t *shape, int is_input, int bcast_ok)
+{
+    tc_layout_contiguous(lay, rank);
+    int kind = (int)tc_rng_int(r, 0, 3);
+    if (rank == 4 && kind == 1) {
+        lay->perm[1] = 2; /* BSHD storage of a [B, H, S, D] view */
+        lay->perm[2] = 1;
+    } else if (kind == 2) {
+        for (int i = rank - 1; i > 0; --i) {
+            int j = (int)tc_rng_int(r, 0, i);
+            int t = lay->perm[i];
+            lay->perm[i] = lay->perm[j];
+            lay->perm[j] = t;
+        }
+    }
+    for (int d = 0; d < rank; ++d) {
+        if (tc_rng_chance(r, 0.2)) {
+            lay->pad[d] = tc_rng_int(r, 1, 3);
+        }
+        if (is_input) {
+            if (bcast_ok && shape[d] > 1 && tc_rng_chance(r, 0.06)) {
+                lay->bcast[d] = 1;
+            } else if (tc_rng_chance(r, 0.1)) {
+                lay->reverse[d] = 1;
+            }
+        }
+    }
+}
+
+static void describe_view(char *d, size_t cap, const char *name, const tc_buf *b)
+{
+    append(d, cap, " %s[", name);
+    for (int i = 0; i < b->rank; ++i) {
+        append(d, cap, "%s%lld", i ? "," : "", (long long)b->shape[i]);
+    }
+    append(d, cap, "]/(");
+    for (int i = 0; i < b->rank; ++i) {
+        append(d, cap, "%s%lld", i ? "," : "", (long long)b->strides[i]);
+    }
+    append(d, cap, ")");
+}
+
+/* Shapes: 0 = random. Features (masks, bias, lengths, ...) are drawn from the seed. */
+typedef struct dims {
+    int rank;
+    int64_t B, Hq, Hkv, L, S, E, Ev;
+    int no_bcast; /* no stride-0 input axes (tests that poison single rows) */
+} dims;
+
+static void gen_case(kcase *c, uint64_t seed, const dims *want)
+{
+    tc_rng rng, *r = &rng;
+    tc_rng_seed(r, seed);
+    memset(c, 0, sizeof *c);
+    c->rank = want->rank ? want->rank : (tc_rng_chance(r, 0.25) ? 3 : 4);
+    c->B = want->B ? want->B : tc_rng_int(r, 1, 2);
+    if (c->rank == 4) {
+        c->Hkv = want->Hkv ? want->Hkv : tc_rng_int(r, 1, 2);
+        c->Hq = want->Hq ? want->Hq : c->Hkv * tc_rng_int(r, 1, 3);
+    } else {
+        c->Hq = c->Hkv = 1;
+    }
+    c->L = want->L ? want->L : tc_rng_int(r, 1, 150);
+    c->S = want->S ? want->S : tc_rng_int(r, 1, 200);
+    c->E = want->E ? want->E : tc_rng_int(r, 1, 72);
+    c->Ev = want->Ev ? want->Ev : (tc_rng_chance(r, 0.5) ? c->E : tc_rng_int(r, 1, 72));
+
+    int64_t qs[4], ks[4], vs[4], os[4], ls[3];
+    if (c->rank == 4) {
+        int64_t a[4] = {c->B, c->Hq, c->L, c->E}, b[4] = {c->B, c->Hkv, c->S, c->E};
+        int64_t e[4] = {c->B, c->Hkv, c->S, c->Ev}, o[4] = {c->B, c->Hq, c->L, c->Ev};
+        int64_t l[3] = {c->B, c->Hq, c->L};
+        memcpy(qs, a, sizeof a);
+        memcpy(ks, b, sizeof b);
+        memcpy(vs, e, sizeof e);
+        memcpy(os, o, sizeof o);
+        memcpy(ls, l, sizeof l);
+    } else {
+        int64_t a[3] = {c->B, c->L, c->E}, b[3] = {c->B, c->S, c->E};
+        int64_t e[3] = {c->B, c->S, c->Ev}, o[3] = {c->B, c->L, c->Ev};
+        int64_t l[2] = {c->B, c->L};
+        memcpy(qs, a, sizeof a);
+        memcpy(ks, b, sizeof b);
+        memcpy(vs, e, sizeof e);
+        memcpy(os, o, sizeof o);
+        memcpy(ls, l, sizeof l);
+    }
+    tc_layout lay;
+    const int bc = !want->no_bcast;
+    random_layout(r, &lay, c->rank, qs, 1, bc);
+    tc_buf_alloc(&c->q, c->rank, qs, &lay, NAN);
+    tc_buf_fill_uniform(&c->q, r, -1.5, 1.5);
+    random_layout(r, &lay, c->rank, ks, 1, bc);
+    tc_buf_alloc(&c->k, c->rank, ks, &lay, NAN);
+    tc_buf_fill_uniform(&c->k, r, -1.5, 1.5);
+    random_layout(r, &lay, c->rank, vs, 1, bc);
+    tc_buf_alloc(&c->v, c->rank, vs, &lay, NAN);
+    tc_buf_fill_uniform(&c->v, r, -2.0, 2.0);
+    random_layout(r, &lay, c->rank, os, 0, 0);
+    tc_buf_alloc_canary(&c->out, c->rank, os, &lay);
+    random_layout(r, &lay, c->rank - 1, ls, 0, 0);
+    tc_buf_alloc_canary(&c->lse, c->rank - 1, ls, &lay);
+
+    sdpa_options *o = &c->opt;
+    sdpa_options_init(o);
+    ref_problem *p = &c->rp;
+    ref_problem_init(p);
+    p->B = c->B;
+    p->Hq = c->Hq;
+    p->Hkv = c->Hkv;
+    p->L = c->L;
+    p->S = c->S;
+    p->E = c->E;
+    p->Ev = c->Ev;
+    if (tc_rng_chance(r, 0.3)) {
+        o->scale = (float)tc_rng_uniform(r, 0.05, 1.5);
+        p->scale = o->scale;
+    }
+    if (tc_rng_chance(r, 0.25)) {
+        o->softcap = (float)tc_rng_uniform(r, 0.5, 5.0);
+        p->softcap = o->softcap;
+    }
+    const int64_t full[4] = {c->B, c->rank == 4 ? c->Hq : 1, c->L, c->S};
+    if (tc_rng_chance(r, 0.3)) { /* bias of random rank, broadcast, with -inf entries */
+        c->has_bias = 1;
+        int br = (int)tc_rng_int(r, 1, 4);
+        int64_t shape[4];
+        for (int d = 0; d < br; ++d) {
+            shape[d] = tc_rng_chance(r, 0.35) ? 1 : full[4 - br + d];
+        }
+        random_layout(r, &lay, br, shape, 1, bc);
+        tc_buf_alloc(&c->bias, br, shape, &lay, NAN);
+        tc_buf_fill_uniform(&c->bias, r, -2.0, 2.0);
+        int64_t idx[4] = {0};
+        const double pinf = tc_rng_chance(r, 0.3) ? 0.6 : 0.1;
+        do {
+            if (tc_rng_chance(r, pinf)) {
+                tc_buf_set(&c->bias, idx, -INFINITY);
+            }
+        } while (tc_index_next(br, shape, idx));
+        c->rbias = tc_buf_ref_same_rank(&c->bias);
+        c->tbias = tc_buf_view(&c->bias);
+        o->bias = &c->tbias;
+        p->bias = &c->rbias;
+    }
+    if (tc_rng_chance(r, 0.4)) { /* allow-mask of random rank, broadcast shapes and strides */
+        c->has_mask = 1;
+        int mr = (int)tc_rng_int(r, 1, 4);
+        memset(&c->mask, 0, sizeof c->mask);
+        c->mask.rank = mr;
+        int stride0[4] = {0};
+        for (int d = 0; d < mr; ++d) {
+            c->mask.shape[d] = tc_rng_chance(r, 0.35) ? 1 : full[4 - mr + d];
+            stride0[d] = c->mask.shape[d] > 1 && tc_rng_chance(r, 0.15);
+        }
+        int64_t running = 1;
+        for (int d = mr - 1; d >= 0; --d) {
+            if (stride0[d]) {
+                c->mask.strides[d] = 0;
+                continue;
+            }
+            c->mask.strides[d] = running;
+            running *= c->mask.shape[d] > 0 ? c->mask.shape[d] : 1;
+        }
+        c->mask_base = malloc((size_t)running);
+        assert_non_null(c->mask_base);
+        /* Sparse or dense masks, and whole blocked runs, so tiles of every class occur. */
+        const double p0 = tc_rng_chance(r, 0.3) ? 0.85 : 0.2;
+        for (int64_t e = 0; e < running; ++e) {
+            c->mask_base[e] = tc_rng_chance(r, p0) ? 0 : (uint8_t)tc_rng_int(r, 1, 255);
+        }
+        if (running > 80 && tc_rng_chance(r, 0.5)) {
+            int64_t s = tc_rng_int(r, 0, running - 70);
+            memset(c->mask_base + s, tc_rng_chance(r, 0.5) ? 0 : 1, 70);
+        }
+        c->mask.data = c->mask_base;
+        memset(&c->rmask, 0, sizeof c->rmask);
+        c->rmask.data = c->mask_base;
+        c->rmask.rank = mr;
+        for (int d = 0; d < mr; ++d) {
+            c->rmask.shape[d] = c->mask.shape[d];
+            c->rmask.strides[d] = c->mask.strides[d];
+        }
+        o->allow_mask = &c->mask;
+        p->mask = &c->rmask;
+    }
+    int use_window = tc_rng_chance(r, 0.25);
+    if (tc_rng_chance(r, 0.4)) {
+        o->causal = p->causal = 1;
+    }
+    if (o->causal || use_window) {
+        o->alignment = p->alignment = (int)tc_rng_int(r, 0, 2);
+        if (o->alignment == SDPA_ALIGN_OFFSETS) {
+            for (int64_t b = 0; b < c->B; ++b) {
+                c->offsets[b] = tc_rng_int(r, -c->S / 2, c->S);
+            }
+            o->query_offsets = p->query_offsets = c->offsets;
+        }
+    }
+    if (use_window) {
+        o->sliding_window = p->sliding_window = 1;
+        o->window_left = p->window_left = tc_rng_int(r, -1, c->S);
+        o->window_right = p->window_right = tc_rng_int(r, -1, c->S / 2);
+    }
+    if (tc_rng_chance(r, 0.25)) {
+        for (int64_t b = 0; b < c->B; ++b) {
+            c->kl[b] = tc_rng_int(r, 0, c->S);
+        }
+        o->key_lengths = p->key_lengths = c->kl;
+    }
+    if (tc_rng_chance(r, 0.2)) {
+        for (int64_t b = 0; b < c->B; ++b) {
+            c->ql[b] = tc_rng_int(r, 0, c->L);
+        }
+        o->query_lengths = p->query_lengths = c->ql;
+    }
+    if (tc_rng_chance(r, 0.8)) {
+        o->empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        p->empty_rows_zero = 1;
+    }
+    if (tc_rng_chance(r, 0.1)) {
+        o->skip_finite_check = p->skip_finite_check = 1;
+    }
+    p->q = tc_buf_ref4(&c->q);
+    p->k = tc_buf_ref4(&c->k);
+    p->v = tc_buf_ref4(&c->v);
+
+    char *d = c->desc;
+    const size_t cap = sizeof c->desc;
+    d[0] = '\0';
+    append(d, cap, "seed %llu: rank %d B=%lld Hq=%lld Hkv=%lld L=%lld S=%lld E=%lld Ev=%lld",
+           (unsigned long long)seed, c->rank, (long long)c->B, (long long)c->Hq, (long long)c->Hkv,
+           (long long)c->L, (long long)c->S, (long long)c->E, (long long)c->Ev);
+    describe_view(d, cap, "q", &c->q);
+    describe_view(d, cap, "k", &c->k);
+    describe_view(d, cap, "v", &c->v);
+    append(d, cap, " scale=%g softcap=%g causal=%d align=%d window=%d(%lld,%lld) zero_rows=%d skip_finite=%d",
+           (double)o->scale, (double)o->softcap, o->causal, o->alignment, o->sliding_window,
+           (long long)o->window_left, (long long)o->window_right, o->empty_rows, o->skip_finite_check);
+    if (c->has_bias) {
+        describe_view(d, cap, "bias", &c->bias);
+    }
+    if (c->has_mask) {
+        append(d, cap, " mask rank %d", c->mask.rank);
+    }
+    if (o->key_lengths) {
+        append(d, cap, " key_lengths=%lld,..", (long long)c->kl[0]);
+    }
+    if (o->query_lengths) {
+        append(d, cap, " query_lengths=%lld,..", (long long)c->ql[0]);
+    }
+    if (o->alignment == SDPA_ALIGN_OFFSETS) {
+        append(d, cap, " offsets=%lld,..", (long long)c->offsets[0]);
+    }
+
+    const int64_t rows = c->B * c->Hq * c->L;
+    c->rout = calloc((size_t)(rows * c->Ev + 1), sizeof(double));
+    c->rlse = calloc((size_t)(rows + 1), sizeof(double));
+    c->kind = calloc((size_t)(rows + 1), 1);
+    c->fout = calloc((size_t)(rows * c->Ev + 1), sizeof(float));
+    c->flse = calloc((size_t)(rows + 1), sizeof(float));
+    assert_true(c->rout && c->rlse && c->kind && c->fout && c->flse);
+    ref_report rep = ref_attention(&c->rp, c->rout, NULL, c->rlse, c->kind);
+    c->ref_status = rep.status;
+}
+
+static void free_case(kcase *c)
+{
+    tc_buf_free(&c->q);
+    tc_buf_free(&c->k);
+    tc_buf_free(&c->v);
+    tc_buf_free(&c->out);
+    tc_buf_free(&c->lse);
+    if (c->has_bias) {
+        tc_buf_free(&c->bias);
+    }
+    free(c->mask_base);
+    free(c->rout);
+    free(c->rlse);
+    free(c->kind);
+    free(c->fout);
+    free(c->flse);
+}
+
+static float buf_at(const tc_buf *buf, int64_t b, int64_t h, int64_t i, int64_t last)
+{
+    int64_t idx[4];
+    if (buf->rank == 4) {
+        idx[0] = b, idx[1] = h, idx[2] = i, idx[3] = last;
+    } else {
+        idx[0] = b, idx[1] = i, idx[2] = last;
+    }
+    return *tc_buf_fptr(buf, idx);
+}
+
+static float lse_at(const kcase *c, int64_t b, int64_t h, int64_t i)
+{
+    int64_t idx[3];
+    if (c->lse.rank == 3) {
+        idx[0] = b, idx[1] = h, idx[2] = i;
+    } else {
+        idx[0] = b, idx[1] = i;
+    }
+    return *tc_buf_fptr(&c->lse, idx);
+}
+
+/* Run one path; returns the status. On SDPA_OK the outputs are copied into fout / flse and the
+ * kernel name and the untouched holes of the output views are checked. On failure nothing may
+ * have been written. */
+static sdpa_status run_path(kcase *c, const path *pt, int threads, int with_lse)
+{
+    sdpa_tensor tq = tc_buf_view(&c->q), tk = tc_buf_view(&c->k), tv = tc_buf_view(&c->v);
+    sdpa_tensor to = tc_buf_view(&c->out), tl = tc_buf_view(&c->lse);
+    tc_fill_canary(c->out.fbase, c->out.n * sizeof(float));
+    tc_fill_canary(c->lse.fbase, c->lse.n * sizeof(float));
+    c->opt.kernel = pt->kernel;
+    c->opt.num_threads = threads;
+    set_isa(pt->isa);
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, &c->opt, &to, NULL, with_lse ? &tl : NULL);
+    set_isa(NULL);
+    if (st != SDPA_OK) {
+        if (!tc_buf_all_canary(&c->out) || !tc_buf_all_canary(&c->lse)) {
+            fail_msg("%s: output written although the call failed (%s) on %s", path_desc(pt), sdpa_status_string(st),
+                     c->desc);
+        }
+        return st;
+    }
+    check_kernel_name(pt, c->desc);
+    if (!tc_buf_holes_intact(&c->out) || !tc_buf_holes_intact(&c->lse)) {
+        fail_msg("%s: write outside the output view on %s", path_desc(pt), c->desc);
+    }
+    if (!with_lse && !tc_buf_all_canary(&c->lse)) {
+        fail_msg("%s: lse written although not requested on %s", path_desc(pt), c->desc);
+    }
+    for (int64_t b = 0; b < c->B; ++b) {
+        for (int64_t h = 0; h < c->Hq; ++h) {
+            for (int64_t i = 0; i < c->L; ++i) {
+                const int64_t row = (b * c->Hq + h) * c->L + i;
+                for (int64_t e = 0; e < c->Ev; ++e) {
+                    c->fout[row * c->Ev + e] = buf_at(&c->out, b, h, i, e);
+                }
+                c->flse[row] = with_lse ? lse_at(c, b, h, i) : 0.0f;
+            }
+        }
+    }
+    return SDPA_OK;
+}
+
+/* Error of one element: exact where the reference is not finite or the row is padding/empty. */
+static double elem_err(float got, double ref, int exact)
+{
+    if (!isfinite(ref) || exact) {
+        if (isnan(ref)) {
+            return isnan(got) ? 0.0 : INFINITY;
+        }
+        return ((double)got == ref) ? 0.0 : INFINITY;
+    }
+    if (!isfinite(got)) {
+        return INFINITY;
+    }
+    double scale = fabs(ref) > 1.0 ? fabs(ref) : 1.0;
+    return fabs((double)got - ref) / scale;
+}
+
+static double g_max_err;
+
+/* Compare fout / flse with the float64 reference. */
+static void compare_ref(const kcase *c, const path *pt)
+{
+    double worst = 0.0;
+    char where[160] = "";
+    const int64_t rows = c->B * c->Hq * c->L;
+    for (int64_t row = 0; row < rows; ++row) {
+        const int special = c->kind[row] != REF_ROW_NORMAL;
+        for (int64_t e = 0; e <= c->Ev; ++e) {
+            const float got = e < c->Ev ? c->fout[row * c->Ev + e] : c->flse[row];
+            const double ref = e < c->Ev ? c->rout[row * c->Ev + e] : c->rlse[row];
+            const double err = elem_err(got, ref, special);
+            if (err > worst || (isinf(err) && !isinf(worst))) {
+                worst = err;
+                snprintf(where, sizeof where, "%s row %lld col %lld: got %.9g ref %.9g", e < c->Ev ? "out" : "lse",
+                         (long long)row, (long long)e, (double)got, ref);
+            }
+        }
+    }
+    if (!(worst <= RTOL)) {
+        fail_msg("%s: error %.3g > %.1g at %s on %s", path_desc(pt), worst, RTOL, where, c->desc);
+    }
+    if (worst > g_max_err) {
+        g_max_err = worst;
+    }
+}
+
+/* Run every path on the case and compare each with the float64 reference; paths must agree on
+ * the status (an EMPTY_ROW error under policy ERROR). */
+static void check_all_paths(kcase *c, int threads)
+{
+    for (int k = 0; k < N_PATHS; ++k) {
+        const path *pt = &g_paths[k];
+        sdpa_status st = run_path(c, pt, threads, 1);
+        if (c->ref_status == REF_EMPTY_ROW) {
+            if (st != SDPA_ERR_EMPTY_ROW) {
+                fail_msg("%s: expected SDPA_ERR_EMPTY_ROW, got %s on %s", path_desc(pt), sdpa_status_string(st), c->desc);
+            }
+            continue;
+        }
+        if (st != SDPA_OK) {
+            fail_msg("%s: %s (%s) on %s", path_desc(pt), sdpa_status_string(st), sdpa_last_error_message(), c->desc);
+        }
+        compare_ref(c, pt);
+    }
+}
+
+/* ------------------------------------------------------------- tests */
+
+static void kernels_golden_causal_3x3_on_every_path(void **state)
+{
+    (void)state;
+    float q[3 * 4] = {0}, k[3 * 4] = {0}, v[3] = {2.0f, 4.0f, 8.0f};
+    for (int kk = 0; kk < N_PATHS; ++kk) {
+        const path *pt = &g_paths[kk];
+        for (int threads = 1; threads <= 3; threads += 2) {
+            float out[3], lse[3];
+            tc_fill_canary(out, sizeof out);
+            tc_fill_canary(lse, sizeof lse);
+            sdpa_tensor tq = tc_view4(q, 1, 1, 3, 4), tk = tc_view4(k, 1, 1, 3, 4);
+            sdpa_tensor tv = tc_view4(v, 1, 1, 3, 1), to = tc_view4(out, 1, 1, 3, 1), tl;
+            const int64_t ls[3] = {1, 1, 3};
+            assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+            sdpa_options o;
+            sdpa_options_init(&o);
+            o.causal = 1;
+            o.kernel = pt->kernel;
+            o.num_threads = threads;
+            set_isa(pt->isa);
+            sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, &tl);
+            set_isa(NULL);
+            assert_int_equal(st, SDPA_OK);
+            check_kernel_name(pt, "golden 3x3");
+            if (!(fabsf(out[0] - 2.0f) <= 1e-6f && fabsf(out[1] - 3.0f) <= 1e-6f &&
+                  fabsf(out[2] - 14.0f / 3.0f) <= 2e-6f)) {
+                fail_msg("%s: golden out = %.9g %.9g %.9g, expected 2 3 4.6667", path_desc(pt), (double)out[0],
+                         (double)out[1], (double)out[2]);
+            }
+            if (!(fabsf(lse[0]) <= 1e-6f && fabsf(lse[1] - (float)log(2.0)) <= 1e-6f &&
+                  fabsf(lse[2] - (float)log(3.0)) <= 1e-6f)) {
+                fail_msg("%s: golden lse = %g %g %g", path_desc(pt), (double)lse[0], (double)lse[1], (double)lse[2]);
+            }
+        }
+    }
+}
+
+/* L and S at 1, tile - 1, tile, tile + 1 and 2 tile + 1, odd E and Ev, masks from the seed. */
+static void kernels_tile_edges_match_reference(void **state)
+{
+    (void)state;
+    static const int64_t sizes[] = {1, TILE - 1, TILE, TILE + 1, 2 * TILE + 1};
+    static const int64_t widths[][2] = {{1, 1}, {7, 5}, {33, 17}, {65, 3}, {8, 16}};
+    int n = 0;
+    for (int a = 0; a < 5; ++a) {
+        for (int b = 0; b < 5; ++b) {
+            dims d = {0};
+            d.L = sizes[a];
+            d.S = sizes[b];
+            d.E = widths[(a + b) % 5][0];
+            d.Ev = widths[(a * 3 + b) % 5][1];
+            d.B = 1;
+            kcase c;
+            gen_case(&c, 1000u + (uint64_t)(a * 5 + b), &d);
+            check_all_paths(&c, (a + b) % 3 + 1);
+            free_case(&c);
+            ++n;
+        }
+    }
+    print_message("tile edges: %d shapes x %d paths, max error %.3g\n", n, N_PATHS, g_max_err);
+}
+
+static void kernels_random_configs_match_reference(void **state)
+{
+    (void)state;
+    int ok = 0, empty = 0, cov_mask = 0, cov_bias = 0, cov_gqa = 0, cov_causal = 0, cov_window = 0, cov_kl = 0,
+        cov_ql = 0, cov_softcap = 0, cov_strided = 0;
+    for (int n = 0; n < 90; ++n) {
+        dims d = {0};
+        kcase c;
+        gen_case(&c, 5000u + (uint64_t)n, &d);
+        check_all_paths(&c, (int)(n % 4) + 1);
+        if (c.ref_status == REF_EMPTY_ROW) {
+            ++empty;
+        } else {
+            ++ok;
+        }
+        cov_mask += c.has_mask;
+        cov_bias += c.has_bias;
+        cov_gqa += c.Hq > c.Hkv;
+        cov_causal += c.opt.causal;
+        cov_window += c.opt.sliding_window;
+        cov_kl += c.opt.key_lengths != NULL;
+        cov_ql += c.opt.query_lengths != NULL;
+        cov_softcap += c.opt.softcap > 0.0f;
+        cov_strided += c.k.strides[c.rank - 1] != 1 || c.q.strides[c.rank - 1] != 1 || c.v.strides[c.rank - 1] != 1;
+        free_case(&c);
+    }
+    print_message("random: %d ok, %d EMPTY_ROW on every path; mask %d bias %d gqa %d causal %d window %d key_lengths %d "
+                  "query_lengths %d softcap %d strided %d; max error %.3g\n",
+                  ok, empty, cov_mask, cov_bias, cov_gqa, cov_causal, cov_window, cov_kl, cov_ql, cov_softcap,
+                  cov_strided, g_max_err);
+    assert_true(ok >= 60 && cov_mask >= 10 && cov_bias >= 10 && cov_gqa >= 10 && cov_causal >= 10 &&
+                cov_window >= 5 && cov_kl >= 5 && cov_ql >= 5 && cov_softcap >= 5 && cov_strided >= 10);
+}
+
+/* Each mask kind on its own, at tile-straddling sizes, on every path. */
+static void kernels_each_mask_kind_matches_reference(void **state)
+{
+    (void)state;
+    for (int kind = 0; kind < 9; ++kind) {
+        /* L = 2 tiles + 40: the last block has 48 lanes (a 32-lane and a 16-lane chunk). */
+        dims d = {4, 2, 4, 2, 2 * TILE + 40, 3 * TILE - 5, 24, 40, 0};
+        kcase c;
+        /* Random data and layouts; then exactly one rule. */
+        gen_case(&c, 77u + (uint64_t)kind, &d);
+        c.opt.allow_mask = NULL;
+        c.rp.mask = NULL;
+        c.opt.bias = NULL;
+        c.rp.bias = NULL;
+        c.opt.softcap = 0.0f;
+        c.rp.softcap = 0.0;
+        c.opt.causal = c.rp.causal = 0;
+        c.opt.sliding_window = c.rp.sliding_window = 0;
+        c.opt.alignment = c.rp.alignment = 0;
+        c.opt.key_lengths = c.rp.key_lengths = NULL;
+        c.opt.query_lengths = c.rp.query_lengths = NULL;
+        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        c.rp.empty_rows_zero = 1;
+        switch (kind) {
+        case 0: c.opt.causal = c.rp.causal = 1; break;
+        case 1: c.opt.causal = c.rp.causal = 1; c.opt.alignment = c.rp.alignment = SDPA_ALIGN_BOTTOM_RIGHT; break;
+        case 2:
+            c.opt.causal = c.rp.causal = 1;
+            c.opt.alignment = c.rp.alignment = SDPA_ALIGN_OFFSETS;
+            c.offsets[0] = -70;
+            c.offsets[1] = 90;
+            c.opt.query_offsets = c.rp.query_offsets = c.offsets;
+            break;
+        case 3:
+            c.opt.sliding_window = c.rp.sliding_window = 1;
+            c.opt.window_left = c.rp.window_left = 40;
+            c.opt.window_right = c.rp.window_right = 0;
+            c.opt.causal = c.rp.causal = 1;
+            break;
+        case 4:
+            c.opt.sliding_window = c.rp.sliding_window = 1;
+            c.opt.window_left = c.rp.window_left = 5;
+            c.opt.window_right = c.rp.window_right = 70;
+            break;
+        case 5:
+            c.kl[0] = 100;
+            c.kl[1] = 0;
+            c.opt.key_lengths = c.rp.key_lengths = c.kl;
+            break;
+        case 6:
+            c.ql[0] = 65;
+            c.ql[1] = 3;
+            c.opt.query_lengths = c.rp.query_lengths = c.ql;
+            break;
+        case 7:
+            c.ql[0] = 100;
+            c.ql[1] = 150;
+            c.kl[0] = 150;
+            c.kl[1] = 64;
+            c.opt.query_lengths = c.rp.query_lengths = c.ql;
+            c.opt.key_lengths = c.rp.key_lengths = c.kl;
+            c.opt.causal = c.rp.causal = 1;
+            c.opt.alignment = c.rp.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+            break;
+        default: /* every row of the first block sees nothing: empty rows under ZERO */
+            c.kl[0] = 0;
+            c.kl[1] = 1;
+            c.opt.key_lengths = c.rp.key_lengths = c.kl;
+            break;
+        }
+        ref_report rep = ref_attention(&c.rp, c.rout, NULL, c.rlse, c.kind);
+        c.ref_status = rep.status;
+        check_all_paths(&c, kind % 3 + 1);
+        free_case(&c);
+    }
+}
+
+/* Results do not depend on num_threads, bit for bit, on every path. */
+static void kernels_thread_count_is_bit_identical(void **state)
+{
+    (void)state;
+    static const int threads[] = {1, 2, 3, 5};
+    const dims shapes[] = {
+        {4, 2, 4, 2, 2 * TILE + 1, 3 * TILE + 7, 40, 24, 0},
+        {4, 1, 1, 1, 3, 3000, 32, 32, 0}, /* decode: few items, split over keys */
+        {4, 1, 8, 2, 1, 700, 64, 64, 0},  /* decode with GQA */
+        {0, 0, 0, 0, 0, 0, 0, 0, 0},
+    };
+    for (int s = 0; s < 4; ++s) {
+        kcase c;
+        gen_case(&c, 900u + (uint64_t)s, &shapes[s]);
+        if (c.ref_status == REF_EMPTY_ROW) {
+            c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        }
+        const int64_t nout = c.B * c.Hq * c.L * c.Ev, nl = c.B * c.Hq * c.L;
+        float *o1 = malloc((size_t)(nout + 1) * sizeof(float)), *l1 = malloc((size_t)(nl + 1) * sizeof(float));
+        assert_true(o1 && l1);
+        for (int k = 0; k < N_PATHS; ++k) {
+            const path *pt = &g_paths[k];
+            for (int t = 0; t < 4; ++t) {
+                sdpa_status st = run_path(&c, pt, threads[t], 1);
+                if (st != SDPA_OK) {
+                    fail_msg("%s threads %d: %s on %s", path_desc(pt), threads[t], sdpa_status_string(st), c.desc);
+                }
+                if (s == 1 && pt->kernel == SDPA_KERNEL_DECODE && strstr(sdpa_last_kernel(), "decode-split-") == NULL) {
+                    fail_msg("expected a split decode, got %s", sdpa_last_kernel());
+                }
+                if (t == 0) {
+                    memcpy(o1, c.fout, (size_t)nout * sizeof(float));
+                    memcpy(l1, c.flse, (size_t)nl * sizeof(float));
+                } else if (memcmp(o1, c.fout, (size_t)nout * sizeof(float)) != 0 ||
+                           memcmp(l1, c.flse, (size_t)nl * sizeof(float)) != 0) {
+                    fail_msg("%s: %d threads differ from 1 thread on %s", path_desc(pt), threads[t], c.desc);
+                }
+            }
+        }
+        free(o1);
+        free(l1);
+        free_case(&c);
+    }
+}
+
+/* Decode with few (b, kv head) items and a long S is split over keys; the chunks' merge must
+ * give the one-pass result: compare with the float64 reference with every rule in play. */
+static void kernels_decode_split_matches_reference(void **state)
+{
+    (void)state;
+    static const int64_t Ls[] = {1, 2, 4, 3};
+    static const int64_t Ss[] = {1100, 3000, 5000, 2049};
+    int split = 0;
+    for (int t = 0; t < 8; ++t) {
+        dims d = {4, 1, t % 2 ? 2 : 1, 1, Ls[t % 4], Ss[t % 4], t % 3 ? 32 : 7, t % 2 ? 16 : 9, 0};
+        kcase c;
+        gen_case(&c, 7000u + (uint64_t)t, &d);
+        for (int k = 0; k < N_PATHS; ++k) {
+            if (g_paths[k].kernel != SDPA_KERNEL_DECODE) {
+                continue;
+            }
+            sdpa_status st = run_path(&c, &g_paths[k], t % 3 + 1, 1);
+            if (c.ref_status == REF_EMPTY_ROW) {
+                assert_int_equal(st, SDPA_ERR_EMPTY_ROW);
+                continue;
+            }
+            if (st != SDPA_OK) {
+                fail_msg("%s: %s (%s) on %s", path_desc(&g_paths[k]), sdpa_status_string(st), sdpa_last_error_message(),
+                         c.desc);
+            }
+            split += strstr(sdpa_last_kernel(), "-split-") != NULL;
+            compare_ref(&c, &g_paths[k]);
+        }
+        free_case(&c);
+    }
+    assert_true(split >= 8);
+}
+
+/* Dropout: q = k = 0 so every allowed key of row i has p = 1 / n_i, and V = identity (Ev = S),
+ * so out[i, j] = keep_ij / (n_i (1 - p)). The set of kept elements must be the same on every
+ * path, micro-kernel set and thread count; lse is the pre-dropout ln n_i. */
+static void kernels_dropout_keep_pattern_is_identical(void **state)
+{
+    (void)state;
+    const int64_t B = 2, Hq = 4, Hkv = 2, L = TILE + 6, S = 2 * TILE + 2;
+    const float p = 0.3f;
+    float *q = calloc((size_t)(B * Hq * L * 8), sizeof(float)), *k = calloc((size_t)(B * Hkv * S * 8), sizeof(float));
+    float *v = calloc((size_t)(B * Hkv * S * S), sizeof(float));
+    float *out = malloc((size_t)(B * Hq * L * S) * sizeof(float)), *lse = malloc((size_t)(B * Hq * L) * sizeof(float));
+    uint8_t *pattern = malloc((size_t)(B * Hq * L * S));
+    assert_true(q && k && v && out && lse && pattern);
+    for (int64_t bg = 0; bg < B * Hkv; ++bg) {
+        for (int64_t j = 0; j < S; ++j) {
+            v[(bg * S + j) * S + j] = 1.0f;
+        }
+    }
+    sdpa_tensor tq = tc_view4(q, B, Hq, L, 8), tk = tc_view4(k, B, Hkv, S, 8), tv = tc_view4(v, B, Hkv, S, S);
+    sdpa_tensor to = tc_view4(out, B, Hq, L, S), tl;
+    const int64_t ls[3] = {B, Hq, L};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+    int64_t kl[2] = {S, S - 30};
+    int first = 1;
+    int64_t dropped = 0, allowed_total = 0;
+    for (int kk = 0; kk < N_PATHS; ++kk) {
+        const path *pt = &g_paths[kk];
+        for (int threads = 1; threads <= 5; threads += 2) {
+            sdpa_options o;
+            sdpa_options_init(&o);
+            o.causal = 1;
+            o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+            o.key_lengths = kl;
+            o.dropout_p = p;
+            o.dropout_seed = 0x1234567887654321ull;
+            o.dropout_offset = 99;
+            o.kernel = pt->kernel;
+            o.num_threads = threads;
+            set_isa(pt->isa);
+            sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, &tl);
+            set_isa(NULL);
+            if (st != SDPA_OK) {
+                fail_msg("dropout on %s: %s (%s)", path_desc(pt), sdpa_status_string(st), sdpa_last_error_message());
+            }
+            check_kernel_name(pt, "dropout");
+            for (int64_t b = 0; b < B; ++b) {
+                for (int64_t h = 0; h < Hq; ++h) {
+                    for (int64_t i = 0; i < L; ++i) {
+                        const int64_t row = (b * Hq + h) * L + i;
+                        const int64_t n_i = i + kl[b] - L + 1; /* keys 0 .. i + kl[b] - L */
+                        assert_true(fabsf(lse[row] - (float)log((double)n_i)) <= 1e-5f);
+                        for (int64_t j = 0; j < S; ++j) {
+                            const float x = out[row * S + j];
+                            const uint8_t kept = x != 0.0f;
+                            if (j >= n_i && kept) {
+                                fail_msg("dropout on %s: blocked (%lld,%lld,%lld,%lld) is %g", path_desc(pt),
+                                         (long long)b, (long long)h, (long long)i, (long long)j, (double)x);
+                            }
+                            if (kept && fabs((double)x - 1.0 / ((double)n_i * (1.0 - (double)p))) > 1e-6 / (double)n_i * 4) {
+                                fail_msg("dropout on %s: kept (%lld,%lld,%lld,%lld) = %.9g, expected %.9g", path_desc(pt),
+                                         (long long)b, (long long)h, (long long)i, (long long)j, (double)x,
+                                         1.0 / ((double)n_i * (1.0 - (double)p)));
+                            }
+                            if (first) {
+                                pattern[row * S + j] = kept;
+                                if (j < n_i) {
+                                    dropped += !kept;
+                                    allowed_total += 1;
+                                }
+                            } else if (pattern[row * S + j] != kept) {
+                                fail_msg("dropout on %s, %d threads: element (%lld,%lld,%lld,%lld) %s, reference path %s",
+                                         path_desc(pt), threads, (long long)b, (long long)h, (long long)i, (long long)j,
+                                         kept ? "kept" : "dropped", pattern[row * S + j] ? "kept" : "dropped");
+                            }
+                        }
+                    }
+                }
+            }
+            first = 0;
+        }
+    }
+    const double frac = (double)dropped / (double)allowed_total;
+    print_message("dropout p=%.2f: %.4f of %lld allowed elements dropped, same set on every path\n", (double)p, frac,
+                  (long long)allowed_total);
+    assert_true(frac > 0.27 && frac < 0.33);
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(lse);
+    free(pattern);
+}
+
+/* NaN stored in K/V rows that no query may attend (beyond key_lengths, a masked column, a
+ * -inf bias column, outside causal/window reach) never reaches out or lse, with and without
+ * the finite check, on every path. */
+static void kernels_nan_in_blocked_kv_does_not_leak(void **state)
+{
+    (void)state;
+    for (int variant = 0; variant < 4; ++variant) {
+        dims d = {4, 1, 2, 1, variant < 2 ? 2 * TILE + 5 : 3, 3 * TILE, 16, 8, 1};
+        kcase c;
+        gen_case(&c, 42u, &d);
+        /* Fresh, fully controlled options: key lengths, a masked column, a -inf bias column. */
+        sdpa_options_init(&c.opt);
+        ref_problem_init(&c.rp);
+        c.rp.B = c.B, c.rp.Hq = c.Hq, c.rp.Hkv = c.Hkv, c.rp.L = c.L, c.rp.S = c.S, c.rp.E = c.E, c.rp.Ev = c.Ev;
+        c.rp.q = tc_buf_ref4(&c.q);
+        c.rp.k = tc_buf_ref4(&c.k);
+        c.rp.v = tc_buf_ref4(&c.v);
+        c.kl[0] = c.S - 40;
+        c.opt.key_lengths = c.rp.key_lengths = c.kl;
+        if (variant % 2 == 1) {
+            c.opt.causal = c.rp.causal = 1;
+            c.opt.alignment = c.rp.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+            c.opt.sliding_window = c.rp.sliding_window = 1;
+            c.opt.window_left = c.rp.window_left = 100;
+            c.opt.window_right = c.rp.window_right = 0;
+        }
+        free(c.mask_base);
+        c.mask_base = malloc((size_t)c.S);
+        assert_non_null(c.mask_base);
+        memset(c.mask_base, 1, (size_t)c.S);
+        c.mask_base[10] = 0;
+        for (int64_t j = 64; j < 128; ++j) { /* a whole tile of keys nobody may attend */
+            c.mask_base[j] = 0;
+        }
+        c.mask = tc_mask_view(c.mask_base, 1, &c.S);
+        c.rmask.data = c.mask_base;
+        c.rmask.rank = 1;
+        c.rmask.shape[0] = c.S;
+        c.rmask.strides[0] = 1;
+        c.opt.allow_mask = &c.mask;
+        c.rp.mask = &c.rmask;
+        if (c.has_bias) {
+            tc_buf_free(&c.bias);
+        }
+        int64_t bshape[1] = {c.S};
+        tc_buf_alloc(&c.bias, 1, bshape, NULL, NAN);
+        tc_rng br;
+        tc_rng_seed(&br, 7);
+        tc_buf_fill_uniform(&c.bias, &br, -0.5, 0.5);
+        int64_t bj[1] = {20};
+        tc_buf_set(&c.bias, bj, -INFINITY);
+        c.has_bias = 1;
+        c.rbias = tc_buf_ref_same_rank(&c.bias);
+        c.tbias = tc_buf_view(&c.bias);
+        c.opt.bias = &c.tbias;
+        c.rp.bias = &c.rbias;
+        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        c.rp.empty_rows_zero = 1;
+        c.opt.skip_finite_check = c.rp.skip_finite_check = variant >= 2;
+        /* Poison every K/V row that no query may attend; with the window, rows too old too. */
+        for (int64_t j = 0; j < c.S; ++j) {
+            int reach = 0;
+            for (int64_t i = 0; i < c.L && !reach; ++i) {
+                reach = ref_structurally_allowed(&c.rp, 0, 0, i, j) && j != 20;
+            }
+            if (reach) {
+                continue;
+            }
+            for (int64_t e = 0; e < c.E; ++e) {
+                int64_t idx[4] = {0, 0, j, e};
+                tc_buf_set(&c.k, idx, NAN);
+            }
+            for (int64_t e = 0; e < c.Ev; ++e) {
+                int64_t idx[4] = {0, 0, j, e};
+                tc_buf_set(&c.v, idx, variant % 2 ? INFINITY : NAN);
+            }
+        }
+        ref_report rep = ref_attention(&c.rp, c.rout, NULL, c.rlse, c.kind);
+        c.ref_status = rep.status;
+        assert_int_equal(rep.status, REF_OK);
+        for (int k = 0; k < N_PATHS; ++k) {
+            sdpa_status st = run_path(&c, &g_paths[k], 2, 1);
+            if (st != SDPA_OK) {
+                fail_msg("NaN variant %d on %s: %s (%s)", variant, path_desc(&g_paths[k]), sdpa_status_string(st),
+                         sdpa_last_error_message());
+            }
+            for (int64_t x = 0; x < c.B * c.Hq * c.L * c.Ev; ++x) {
+                if (!isfinite(c.fout[x])) {
+                    fail_msg("NaN variant %d on %s leaked into out[%lld]", variant, path_desc(&g_paths[k]), (long long)x);
+                }
+            }
+            compare_ref(&c, &g_paths[k]);
+        }
+        free_case(&c);
+    }
+}
+
+/* A NaN in an attended K or V row fails with the same status and message on every path, and
+ * nothing is written. */
+static void kernels_nonfinite_attended_row_fails_alike(void **state)
+{
+    (void)state;
+    for (int which = 0; which < 4; ++which) {
+        dims d = {4, 1, 4, 2, which < 2 ? 1 : TILE + 3, 200, 16, 16, 1};
+        kcase c;
+        gen_case(&c, 4242u, &d);
+        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        c.opt.skip_finite_check = 0;
+        int64_t idx[4] = {0, 1, 150, 3};
+        tc_buf_set(which % 2 ? &c.v : &c.k, idx, NAN);
+        char first[512] = "";
+        for (int k = 0; k < N_PATHS; ++k) {
+            sdpa_status st = run_path(&c, &g_paths[k], 2, 1);
+            /* The row may be out of every query's reach under the case's random rules. */
+            if (k == 0) {
+                snprintf(first, sizeof first, "%s|%s", sdpa_status_string(st),
+                         st == SDPA_OK ? "" : sdpa_last_error_message());
+                continue;
+            }
+            char now[512];
+            snprintf(now, sizeof now, "%s|%s", sdpa_status_string(st), st == SDPA_OK ? "" : sdpa_last_error_message());
+            if (strcmp(now, first) != 0) {
+                fail_msg("%s: \"%s\" but the reference path gave \"%s\" on %s", path_desc(&g_paths[k]), now, first, c.desc);
+            }
+        }
+        /* With plain options the poisoned row is attended: the error is certain. */
+        sdpa_options_init(&c.opt);
+        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        for (int k = 0; k < N_PATHS; ++k) {
+            sdpa_status st = run_path(&c, &g_paths[k], 3, 1);
+            assert_int_equal(st, SDPA_ERR_NON_FINITE);
+            const char *want = which % 2 ? "value row (b=0,h=1,j=150)" : "key row (b=0,h=1,j=150)";
+            if (strstr(sdpa_last_error_message(), want) == NULL) {
+                fail_msg("%s: message \"%s\" does not name %s", path_desc(&g_paths[k]), sdpa_last_error_message(), want);
+            }
+        }
+        free_case(&c);
+    }
+}
+
+/* The value checks run on several threads for large inputs; whatever the thread count and the
+ * path, the failure reported is the first one in sequential (b, kv head) order: a NaN in an
+ * attended key row of (b=0, h=2), then one in a value row of (b=0, h=3), then the empty rows of
+ * b=1 (key_lengths 0), each reported once the earlier ones are repaired. */
+static void kernels_first_failure_is_reported_for_any_thread_count(void **state)
+{
+    (void)state;
+    const int64_t B = 2, H = 4, L = 3, S = 4096, E = 64;
+    const size_t nq = (size_t)(B * H * L * E), nk = (size_t)(B * H * S * E);
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
+    float *out = malloc(nq * sizeof(float));
+    assert_true(q && k && v && out);
+    tc_rng r;
+    tc_rng_seed(&r, 11);
+    tc_fill_uniform(q, (int64_t)nq, &r, -1, 1);
+    tc_fill_uniform(k, (int64_t)nk, &r, -1, 1);
+    tc_fill_uniform(v, (int64_t)nk, &r, -1, 1);
+    k[((0 * H + 2) * S + 4000) * E + 1] = NAN;
+    v[((0 * H + 3) * S + 10) * E + 5] = NAN;
+    int64_t kl[2] = {S, 0};
+    sdpa_tensor tq = tc_view4(q, B, H, L, E), tk = tc_view4(k, B, H, S, E), tv = tc_view4(v, B, H, S, E);
+    sdpa_tensor to = tc_view4(out, B, H, L, E);
+    static const char *const wants[3] = {"key row (b=0,h=2,j=4000)", "value row (b=0,h=3,j=10)",
+                                         "query row (b=1,h=0,i=0) has no allowed key"};
+    for (int round = 0; round < 3; ++round) {
+        const char *want = wants[round];
+        const sdpa_status want_st = round < 2 ? SDPA_ERR_NON_FINITE : SDPA_ERR_EMPTY_ROW;
+        for (int kk = 0; kk < N_PATHS; ++kk) {
+            for (int threads = 1; threads <= 5; ++threads) {
+                if (threads == 4) {
+                    continue;
+                }
+                sdpa_options o;
+                sdpa_options_init(&o);
+                o.key_lengths = kl;
+                o.kernel = g_paths[kk].kernel;
+                o.num_threads = threads;
+                tc_fill_canary(out, nq * sizeof(float));
+                set_isa(g_paths[kk].isa);
+                sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+                set_isa(NULL);
+                if (st != want_st || strstr(sdpa_last_error_message(), want) == NULL) {
+                    fail_msg("%s, %d threads: %s \"%s\", expected %s naming %s", path_desc(&g_paths[kk]), threads,
+                             sdpa_status_string(st), sdpa_last_error_message(), sdpa_status_string(want_st), want);
+                }
+                assert_true(tc_is_canary(out, nq * sizeof(float)));
+            }
+        }
+        if (round == 0) {
+            k[((0 * H + 2) * S + 4000) * E + 1] = 0.5f;
+        } else {
+            v[((0 * H + 3) * S + 10) * E + 5] = 0.5f;
+        }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+}
+
+/* Rows float32 cannot carry although the inputs are finite are recomputed in double on every
+ * path: an overflowing P.V sum, a softcap that would hide an overflowed dot product. */
+static void kernels_overflow_rows_fall_back_to_double(void **state)
+{
+    (void)state;
+    for (int k = 0; k < N_PATHS; ++k) {
+        const path *pt = &g_paths[k];
+        /* P.V: three equal keys with V = 3e38 in a block of 70 rows: out must be 3e38. */
+        {
+            enum { L = 70, S = 3 };
+            float q[L * 2] = {0}, kk[S * 2] = {0}, v[S] = {3e38f, 3e38f, 3e38f}, out[L], lse[L];
+            sdpa_tensor tq = tc_view4(q, 1, 1, L, 2), tk = tc_view4(kk, 1, 1, S, 2), tv = tc_view4(v, 1, 1, S, 1);
+            sdpa_tensor to = tc_view4(out, 1, 1, L, 1), tl;
+            const int64_t ls[3] = {1, 1, L};
+            assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+            sdpa_options o;
+            sdpa_options_init(&o);
+            o.kernel = pt->kernel;
+            set_isa(pt->isa);
+            sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, &tl);
+            set_isa(NULL);
+            assert_int_equal(st, SDPA_OK);
+            for (int i = 0; i < L; ++i) {
+                if (!(fabs((double)out[i] - 3e38) <= 3e38 * 1e-6) || !(fabsf(lse[i] - (float)log(3.0)) <= 1e-6f)) {
+                    fail_msg("%s: P.V overflow row %d: out %g lse %g", path_desc(pt), i, (double)out[i], (double)lse[i]);
+                }
+            }
+        }
+        /* Softcap: q . k0 passes through +inf in float32 but is -3e38 (see test_attention). */
+        {
+            float q[5] = {1.5e19f, 1.5e19f, -1.5e19f, -1.5e19f, -1.5e19f};
+            float kk[10] = {2e19f, 2e19f, 2e19f, 2e19f, 2e19f, 0, 0, 0, 0, 0};
+            float v[2] = {1.0f, 0.0f}, out[1], lse[1];
+            sdpa_tensor tq = tc_view3(q, 1, 1, 5), tk = tc_view3(kk, 1, 2, 5), tv = tc_view3(v, 1, 2, 1);
+            sdpa_tensor to = tc_view3(out, 1, 1, 1), tl;
+            const int64_t ls[2] = {1, 1};
+            assert_int_equal(sdpa_tensor_init(&tl, lse, 2, ls), SDPA_OK);
+            sdpa_options o;
+            sdpa_options_init(&o);
+            o.scale = 1.0f;
+            o.softcap = 1.0f;
+            o.kernel = pt->kernel;
+            set_isa(pt->isa);
+            sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, &tl);
+            set_isa(NULL);
+            assert_int_equal(st, SDPA_OK);
+            const double want = 1.0 / (1.0 + exp(1.0));
+            if (!(fabs((double)out[0] - want) <= 1e-5)) {
+                fail_msg("%s: softcap overflow: out %.9g, expected %.9g", path_desc(pt), (double)out[0], want);
+            }
+        }
+    }
+}
+
+/* The workspace of a call without weights does not grow with L*S: (1, 8, 8192, S, 64) for
+ * S = 1024 and 8192 differ by far less than the factor 8 of L*S, and the 8192^2 call needs
+ * less than 64 MiB. Also: a caller workspace of exactly the reported size works on every path,
+ * one byte less is rejected before anything is written. */
+static void kernels_workspace_does_not_grow_with_l_times_s(void **state)
+{
+    (void)state;
+    static float dummy[1];
+    sdpa_tensor q, k1, v1, k8, v8;
+    /* Views over one float with stride 0: the size query never reads data. */
+    q = tc_view4(dummy, 1, 8, 8192, 64);
+    k1 = tc_view4(dummy, 1, 8, 1024, 64);
+    v1 = k1;
+    k8 = tc_view4(dummy, 1, 8, 8192, 64);
+    v8 = k8;
+    sdpa_tensor *all[] = {&q, &k1, &k8};
+    for (int t = 0; t < 3; ++t) {
+        for (int d = 0; d < 4; ++d) {
+            all[t]->strides[d] = 0;
+        }
+    }
+    v1 = k1;
+    v8 = k8;
+    for (int threads = 1; threads <= 16; threads *= 4) {
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.num_threads = threads;
+        size_t s1 = 0, s8 = 0;
+        assert_int_equal(sdpa_attention_workspace_size(&q, &k1, &v1, &o, 0, &s1), SDPA_OK);
+        assert_int_equal(sdpa_attention_workspace_size(&q, &k8, &v8, &o, 0, &s8), SDPA_OK);
+        print_message("workspace (1,8,8192,S,64), %d threads: S=1024 %zu bytes, S=8192 %zu bytes\n", threads, s1, s8);
+        assert_true(s8 < (size_t)64 << 20);
+        assert_true((double)s8 < 2.0 * (double)s1); /* L*S grows 8x */
+        o.kernel = SDPA_KERNEL_TILED;
+        size_t st = 0;
+        assert_int_equal(sdpa_attention_workspace_size(&q, &k8, &v8, &o, 0, &st), SDPA_OK);
+        assert_int_equal(st, s8);
+    }
+
+    for (int kk = 0; kk < N_PATHS; ++kk) {
+        dims d = {4, 1, 4, 2, TILE + 9, 2 * TILE + 3, 20, 12, 0};
+        kcase c;
+        gen_case(&c, 31u, &d);
+        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        c.opt.kernel = g_paths[kk].kernel;
+        c.opt.num_threads = 3;
+        sdpa_tensor tq = tc_buf_view(&c.q), tk = tc_buf_view(&c.k), tv = tc_buf_view(&c.v);
+        size_t bytes = 0;
+        assert_int_equal(sdpa_attention_workspace_size(&tq, &tk, &tv, &c.opt, 0, &bytes), SDPA_OK);
+        unsigned char *ws = malloc(bytes + 1);
+        assert_non_null(ws);
+        c.opt.workspace = ws + 1; /* any alignment */
+        c.opt.workspace_bytes = bytes - 1;
+        assert_int_equal(run_path(&c, &g_paths[kk], 3, 1), SDPA_ERR_WORKSPACE_TOO_SMALL);
+        c.opt.workspace_bytes = bytes;
+        assert_int_equal(run_path(&c, &g_paths[kk], 3, 1), SDPA_OK);
+        compare_ref(&c, &g_paths[kk]);
+        free(ws);
+        free_case(&c);
+    }
+}
+
+/* A forced tiled or decode kernel does not produce weights: SDPA_ERR_UNSUPPORTED, nothing
+ * written, also from the size query; AUTO and REFERENCE serve the call. */
+static void kernels_forced_kernel_with_weights_is_unsupported(void **state)
+{
+    (void)state;
+    float q[2 * 4] = {0}, k[3 * 4] = {0}, v[3 * 2] = {1, 2, 3, 4, 5, 6}, out[4], w[6];
+    sdpa_tensor tq = tc_view4(q, 1, 1, 2, 4), tk = tc_view4(k, 1, 1, 3, 4), tv = tc_view4(v, 1, 1, 3, 2);
+    sdpa_tensor to = tc_view4(out, 1, 1, 2, 2), tw = tc_view4(w, 1, 1, 2, 3);
+    for (int kernel = SDPA_KERNEL_AUTO; kernel <= SDPA_KERNEL_DECODE; ++kernel) {
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.kernel = kernel;
+        tc_fill_canary(out, sizeof out);
+        tc_fill_canary(w, sizeof w);
+        sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, &tw, NULL);
+        size_t bytes = 0;
+        sdpa_status sz = sdpa_attention_workspace_size(&tq, &tk, &tv, &o, 1, &bytes);
+        if (kernel == SDPA_KERNEL_TILED || kernel == SDPA_KERNEL_DECODE) {
+            assert_int_equal(st, SDPA_ERR_UNSUPPORTED);
+            assert_int_equal(sz, SDPA_ERR_UNSUPPORTED);
+            assert_non_null(strstr(sdpa_last_error_message(), "weights"));
+            assert_true(tc_is_canary(out, sizeof out) && tc_is_canary(w, sizeof w));
+        } else {
+            assert_int_equal(st, SDPA_OK);
+            assert_int_equal(sz, SDPA_OK);
+            assert_string_equal(sdpa_last_kernel(), "reference");
+            assert_true(fabsf(w[0] - 1.0f / 3.0f) <= 1e-6f && fabsf(out[0] - 3.0f) <= 1e-6f);
+        }
+    }
+}
+
+/* AUTO: decode for L <= 4 (split over keys when few (b, kv head) items meet a long S), tiled
+ * for longer L, reference when weights are requested. */
+static void kernels_auto_picks_the_path_by_shape(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t B, H, L, S;
+        const char *prefix;
+    } cases[] = {
+        {1, 2, 1, 10, "decode-"},  {1, 2, 4, 10, "decode-"},       {1, 2, 5, 10, "tiled-"},
+        {2, 8, 1, 600, "decode-"}, {1, 1, 1, 4096, "decode-split-"}, {1, 2, 200, 300, "tiled-"},
+    };
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; ++t) {
+        dims d = {4, cases[t].B, cases[t].H, cases[t].H, cases[t].L, cases[t].S, 16, 16, 0};
+        kcase c;
+        gen_case(&c, 55u, &d);
+        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        const path autop = {SDPA_KERNEL_AUTO, NULL};
+        sdpa_tensor tq = tc_buf_view(&c.q), tk = tc_buf_view(&c.k), tv = tc_buf_view(&c.v), to = tc_buf_view(&c.out);
+        c.opt.kernel = autop.kernel;
+        assert_int_equal(sdpa_attention(&tq, &tk, &tv, &c.opt, &to, NULL, NULL), SDPA_OK);
+        if (strncmp(sdpa_last_kernel(), cases[t].prefix, strlen(cases[t].prefix)) != 0) {
+            fail_msg("AUTO on B=%lld H=%lld L=%lld S=%lld ran \"%s\", expected \"%s...\"", (long long)cases[t].B,
+                     (long long)cases[t].H, (long long)cases[t].L, (long long)cases[t].S, sdpa_last_kernel(),
+                     cases[t].prefix);
+        }
+        free_case(&c);
+    }
+}
+
+/* Empty rows (policy ZERO) and padded query rows are exact zeros with lse = -inf, on every
+ * path, also when a whole query block is empty or padding. */
+static void kernels_empty_and_padded_rows_are_exact(void **state)
+{
+    (void)state;
+    const int64_t B = 2, H = 2, L = 2 * TILE + 1, S = 70, E = 8, Ev = 5;
+    float *q = malloc((size_t)(B * H * L * E) * sizeof(float)), *k = malloc((size_t)(B * H * S * E) * sizeof(float));
+    float *v = malloc((size_t)(B * H * S * Ev) * sizeof(float)), *out = malloc((size_t)(B * H * L * Ev) * sizeof(float));
+    float *lse = malloc((size_t)(B * H * L) * sizeof(float));
+    uint8_t *mask = malloc((size_t)(L * S));
+    assert_true(q && k && v && out && lse && mask);
+    tc_rng r;
+    tc_rng_seed(&r, 3);
+    tc_fill_uniform(q, B * H * L * E, &r, -1, 1);
+    tc_fill_uniform(k, B * H * S * E, &r, -1, 1);
+    tc_fill_uniform(v, B * H * S * Ev, &r, -1, 1);
+    for (int64_t i = 0; i < L; ++i) {
+        for (int64_t j = 0; j < S; ++j) {
+            mask[i * S + j] = (uint8_t)(i < TILE ? 0 : (i + j) % 3 != 0); /* first block: no key at all */
+        }
+    }
+    int64_t mshape[2] = {L, S}, ql[2] = {L, 30};
+    sdpa_allow_mask m = tc_mask_view(mask, 2, mshape);
+    sdpa_tensor tq = tc_view4(q, B, H, L, E), tk = tc_view4(k, B, H, S, E), tv = tc_view4(v, B, H, S, Ev);
+    sdpa_tensor to = tc_view4(out, B, H, L, Ev), tl;
+    const int64_t ls[3] = {B, H, L};
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+    for (int kk = 0; kk < N_PATHS; ++kk) {
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.allow_mask = &m;
+        o.query_lengths = ql;
+        o.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        o.kernel = g_paths[kk].kernel;
+        tc_fill_canary(out, (size_t)(B * H * L * Ev) * sizeof(float));
+        set_isa(g_paths[kk].isa);
+        sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, &tl);
+        set_isa(NULL);
+        assert_int_equal(st, SDPA_OK);
+        for (int64_t b = 0; b < B; ++b) {
+            for (int64_t h = 0; h < H; ++h) {
+                for (int64_t i = 0; i < L; ++i) {
+                    const int64_t row = (b * H + h) * L + i;
+                    if (i < TILE || i >= ql[b]) {
+                        for (int64_t e = 0; e < Ev; ++e) {
+                            if (out[row * Ev + e] != 0.0f || signbit(out[row * Ev + e])) {
+                                fail_msg("%s: row (%lld,%lld,%lld) out %g, expected +0", path_desc(&g_paths[kk]),
+                                         (long long)b, (long long)h, (long long)i, (double)out[row * Ev + e]);
+                            }
+                        }
+                        if (!(isinf(lse[row]) && lse[row] < 0)) {
+                            fail_msg("%s: row (%lld,%lld,%lld) lse %g, expected -inf", path_desc(&g_paths[kk]),
+                                     (long long)b, (long long)h, (long long)i, (double)lse[row]);
+                        }
+                    } else if (!isfinite(lse[row]) || !isfinite(out[row * Ev])) {
+                        fail_msg("%s: row (%lld,%lld,%lld) not finite", path_desc(&g_paths[kk]), (long long)b,
+                                 (long long)h, (long long)i);
+                    }
+                }
+            }
+        }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(lse);
+    free(mask);
+}
+
+/* No key at all (S = 0, K and V views with NULL data): every row is empty; policy ZERO gives
+ * zero rows and lse = -inf on every path, policy ERROR fails alike. */
+static void kernels_no_keys_give_empty_rows(void **state)
+{
+    (void)state;
+    for (int64_t L = 1; L <= 70; L += 69) {
+        float q[70 * 3], out[70 * 2], lse[70];
+        for (int i = 0; i < 70 * 3; ++i) {
+            q[i] = (float)i;
+        }
+        sdpa_tensor tq = tc_view4(q, 1, 1, L, 3), tk = tc_view4(NULL, 1, 1, 0, 3), tv = tc_view4(NULL, 1, 1, 0, 2);
+        sdpa_tensor to = tc_view4(out, 1, 1, L, 2), tl;
+        const int64_t ls[3] = {1, 1, L};
+        assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+        for (int kk = 0; kk < N_PATHS; ++kk) {
+            sdpa_options o;
+            sdpa_options_init(&o);
+            o.kernel = g_paths[kk].kernel;
+            tc_fill_canary(out, sizeof out);
+            tc_fill_canary(lse, sizeof lse);
+            set_isa(g_paths[kk].isa);
+            assert_int_equal(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, &tl), SDPA_ERR_EMPTY_ROW);
+            assert_true(tc_is_canary(out, sizeof out) && tc_is_canary(lse, sizeof lse));
+            o.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+            assert_int_equal(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, &tl), SDPA_OK);
+            set_isa(NULL);
+            for (int64_t i = 0; i < L; ++i) {
+                assert_true(out[2 * i] == 0.0f && out[2 * i + 1] == 0.0f && isinf(lse[i]) && lse[i] < 0);
+            }
+        }
+    }
+}
+
+/* The portable set is what SDPA_MAX_ISA=portable selects, the AVX2 set what SDPA_MAX_ISA=avx2
+ * selects on an AVX2 + FMA CPU; by default AVX-512F where present. All were compared with the
+ * reference above; here the names. */
+static void kernels_micro_kernel_sets_are_selectable(void **state)
+{
+    (void)state;
+    float q[4 * 8] = {0}, k[9 * 8] = {0}, v[9 * 3] = {0}, out[4 * 3];
+    sdpa_tensor tq = tc_view4(q, 1, 1, 4, 8), tk = tc_view4(k, 1, 1, 9, 8), tv = tc_view4(v, 1, 1, 9, 3);
+    sdpa_tensor to = tc_view4(out, 1, 1, 4, 3);
+    for (int kk = 1; kk < N_PATHS; ++kk) {
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.kernel = g_paths[kk].kernel;
+        set_isa(g_paths[kk].isa);
+        assert_int_equal(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK);
+        set_isa(NULL);
+        check_kernel_name(&g_paths[kk], "selection");
+    }
+    const path best = {SDPA_KERNEL_TILED, NULL};
+    set_isa(NULL);
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.kernel = best.kernel;
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK);
+    print_message("micro-kernels: the tiled path runs \"%s\" here (CPU: avx2 %d, avx512f %d)\n", sdpa_last_kernel(),
+                  cpu_has_avx2(), cpu_has_avx512());
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(kernels_golden_causal_3x3_on_every_path),
+        cmocka_unit_test(kernels_micro_kernel_sets_are_selectable),
+        cmocka_unit_test(kernels_tile_edges_match_reference),
+        cmocka_unit_test(kernels_each_mask_kind_matches_reference),
+        cmocka_unit_test(kernels_random_configs_match_reference),
+        cmocka_unit_test(kernels_thread_count_is_bit_identical),
+        cmocka_unit_test(kernels_decode_split_matches_reference),
+        cmocka_unit_test(kernels_dropout_keep_pattern_is_identical),
+        cmocka_unit_test(kernels_nan_in_blocked_kv_does_not_leak),
+        cmocka_unit_test(kernels_nonfinite_attended_row_fails_alike),
+        cmocka_unit_test(kernels_first_failure_is_reported_for_any_thread_count),
+        cmocka_unit_test(kernels_overflow_rows_fall_back_to_double),
+        cmocka_unit_test(kernels_empty_and_padded_rows_are_exact),
+        cmocka_unit_test(kernels_no_keys_give_empty_rows),
+        cmocka_unit_test(kernels_workspace_does_not_grow_with_l_times_s),
+        cmocka_unit_test(kernels_forced_kernel_with_weights_is_unsupported),
+        cmocka_unit_test(kernels_auto_picks_the_path_by_shape),
+    };
+    unsetenv("SDPA_MAX_ISA");
+    return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
+}
