@@ -596,7 +596,7 @@ SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const s
     static const char fn[] = "sdpa_attention_workspace_size";
     sdpa__plan p;
     sdpa_options o;
-    exec x;
+    exec x = {0, 0, 0, 0};
     sdpa__clear_error();
     if (bytes == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: bytes is NULL", fn);
@@ -617,7 +617,7 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, 
                                     const sdpa_tensor *weights, const sdpa_tensor *lse) {
     sdpa__plan p;
     sdpa_options o;
-    exec x;
+    exec x = {0, 0, 0, 0};
     sdpa__clear_error();
     sdpa_status st = make_plan(q, k, v, options, out, weights, lse, false, &p, &o);
     if (st != SDPA_OK)
