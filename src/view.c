@@ -81,9 +81,10 @@ sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char 
 sdpa_status sdpa__check_output_layout(const sdpa_tensor *t, const char *fn, const char *name) {
     int order[SDPA_MAX_RANK];
     int n = 0;
-    for (int d = 0; d < t->rank; ++d) {
+    for (int d = 0; d < t->rank; ++d)
         if (t->shape[d] == 0)
-            return SDPA_OK; /* empty: nothing is written */
+            return SDPA_OK; /* empty: nothing is written, whatever the strides of the other dims */
+    for (int d = 0; d < t->rank; ++d) {
         if (t->shape[d] == 1)
             continue;
         if (t->strides[d] <= 0)

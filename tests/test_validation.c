@@ -763,6 +763,48 @@ static void validation_dropout_kernel_and_reserved_ranges(void **state)
     free(f);
 }
 
+/* An output with no element (a dimension of size 0) is accepted whatever its other strides:
+ * numpy gives np.empty((2, 3, 0, 6)) the strides (0, 0, 0, 0). Found by fuzzing (0.3). */
+static void validation_empty_output_with_zero_strides_is_accepted(void **state)
+{
+    (void)state;
+    float qbuf[1] = {0}, obuf[1] = {0};
+    float kbuf[2 * 3 * 7 * 4] = {0}, vbuf[2 * 3 * 7 * 6] = {0};
+    sdpa_tensor q, k, v, out, lse;
+    assert_int_equal(sdpa_tensor_init_4d(&q, qbuf, 2, 3, 0, 4), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_4d(&k, kbuf, 2, 3, 7, 4), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_4d(&v, vbuf, 2, 3, 7, 6), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_4d(&out, obuf, 2, 3, 0, 6), SDPA_OK);
+    const int64_t lshape[3] = {2, 3, 0};
+    assert_int_equal(sdpa_tensor_init(&lse, obuf, 3, lshape), SDPA_OK);
+    for (int d = 0; d < 4; ++d) {
+        q.strides[d] = 0;
+        out.strides[d] = 0;
+    }
+    for (int d = 0; d < 3; ++d)
+        lse.strides[d] = 0;
+    sdpa_status st = sdpa_attention(&q, &k, &v, NULL, &out, NULL, &lse);
+    if (st != SDPA_OK) {
+        fail_msg("L = 0 with all-zero strides: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    /* the same rule for sdpa_merge: out [2, 0, 6] with zero strides */
+    sdpa_tensor ma, la;
+    const int64_t oshape[3] = {2, 0, 6}, l2[2] = {2, 0};
+    assert_int_equal(sdpa_tensor_init(&ma, obuf, 3, oshape), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&la, qbuf, 2, l2), SDPA_OK);
+    sdpa_tensor mo = ma, lo = la;
+    mo.data = kbuf;
+    lo.data = vbuf;
+    for (int d = 0; d < 3; ++d)
+        mo.strides[d] = 0;
+    for (int d = 0; d < 2; ++d)
+        lo.strides[d] = 0;
+    st = sdpa_merge(&ma, &la, &ma, &la, &mo, &lo);
+    if (st != SDPA_OK) {
+        fail_msg("merge of empty views with zero strides: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+}
+
 /* A caller compiled against 0.1 passes the 0.1 struct_size (up to workspace_bytes): the
  * fields appended in 0.2 take their defaults. */
 static void validation_options_of_0_1_size_are_accepted(void **state)
@@ -1347,6 +1389,7 @@ int main(void)
         cmocka_unit_test(validation_struct_size_rules_are_enforced),
         cmocka_unit_test(validation_dropout_kernel_and_reserved_ranges),
         cmocka_unit_test(validation_options_of_0_1_size_are_accepted),
+        cmocka_unit_test(validation_empty_output_with_zero_strides_is_accepted),
         cmocka_unit_test(validation_small_workspace_is_rejected),
         cmocka_unit_test(validation_caller_workspace_of_queried_size_works),
         cmocka_unit_test(validation_workspace_does_not_grow_with_l_times_s),
