@@ -277,6 +277,17 @@ class StridedViewTest(unittest.TestCase):
             np.testing.assert_allclose(got, ref_sdpa(q, kk, v, allow=mask, bias=bias)[0],
                                        rtol=RTOL, atol=ATOL)
 
+    def test_empty_query_axis(self):
+        """L = 0: numpy gives empty arrays zero strides; the call returns empty results (a
+        regression found by fuzzing: the empty output view was rejected as SDPA_ERR_STRIDE)."""
+        q = np.zeros((2, 3, 0, 4), np.float32)
+        g = np.random.default_rng(7)
+        k = randn(g, 2, 3, 7, 4)
+        v = randn(g, 2, 3, 7, 5)
+        out, lse = sdpa.scaled_dot_product_attention(q, k, v, need_lse=True)
+        self.assertEqual(out.shape, (2, 3, 0, 5))
+        self.assertEqual(lse.shape, (2, 3, 0))
+
     def test_read_only_inputs(self):
         g = ref.rng(22)
         q, k, v = randn(g, 1, 1, 2, 4), randn(g, 1, 1, 3, 4), randn(g, 1, 1, 3, 4)
