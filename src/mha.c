@@ -872,6 +872,24 @@ static void out_projection(const mha_plan *pl, const mha_attn *a, const sdpa_ten
             }
         }
     }
+    /* A row that float32 cannot carry although its inputs are finite (the products overflow, or
+     * inf - inf cancels to NaN) is recomputed in double, as sdpa_attention does for its rows. */
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < L; ++i) {
+            float *dst = od + b * ob + i * ol;
+            bool finite = true;
+            for (int64_t e = 0; e < E && finite; ++e)
+                finite = isfinite(dst[e * oe]);
+            if (finite)
+                continue;
+            const float *arow = ao + (a->out_n_major ? i * B + b : b * L + i) * Dq;
+            for (int64_t e = 0; e < E; ++e) {
+                double acc = pl->bo ? (double)pl->bo[e * pl->bo_stride] : 0.0;
+                for (int64_t d = 0; d < Dq; ++d)
+                    acc += (double)arow[d] * (double)pl->wot.data[d * pl->wot.row_stride + e * pl->wot.col_stride];
+                dst[e * oe] = (float)acc;
+            }
+        }
     if (pl->o.query_lengths)
         for (int64_t b = 0; b < B; ++b)
             for (int64_t i = pl->o.query_lengths[b]; i < L; ++i)

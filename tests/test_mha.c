@@ -1427,6 +1427,49 @@ static void mha_larger_problem_matches_reference(void **state) {
     print_message("  B=3 L=37 S=45 E=48 H=6: max |lib - ref| = %.3g\n", g_max_err);
 }
 
+/* Finite inputs whose output projection overflows float32 in its partial sums (v = 3.2e38 per
+ * element, out_proj rows +1 on one half and -1 on the other: the float32 sum is inf - inf = NaN,
+ * the exact answer 0) are recomputed in double: out is exactly 0, never NaN or Inf. A row whose
+ * true value is beyond float32 is +inf. Found by a new-user trial (0.3). */
+static void mha_out_projection_overflow_is_recomputed_in_double(void **state)
+{
+    (void)state;
+    enum { E = 8, H = 2, B = 1, L = 3 };
+    static float w_in[3 * E * E], w_out[E * E], x[B * L * E], out[B * L * E];
+    memset(w_in, 0, sizeof w_in);
+    for (int r = 2 * E; r < 3 * E; ++r) /* v = x W_v^T = 8 * 4e37 = 3.2e38 per element */
+        for (int c = 0; c < E; ++c)
+            w_in[r * E + c] = 4e37f;
+    for (int r = 0; r < E; ++r)
+        for (int c = 0; c < E; ++c)
+            w_out[r * E + c] = r == E - 1 ? 1.0f : (c < E / 2 ? 1.0f : -1.0f);
+    for (int t = 0; t < B * L * E; ++t)
+        x[t] = 1.0f;
+    sdpa_tensor tw_in, tw_out, tx, tout;
+    const int64_t s_in[2] = {3 * E, E}, s_out[2] = {E, E};
+    assert_int_equal(sdpa_tensor_init(&tw_in, w_in, 2, s_in), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tw_out, w_out, 2, s_out), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_3d(&tx, x, B, L, E), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_3d(&tout, out, B, L, E), SDPA_OK);
+    sdpa_mha_params prm;
+    sdpa_mha_params_init(&prm);
+    prm.embed_dim = E;
+    prm.num_heads = H;
+    prm.in_proj_weight = &tw_in;
+    prm.out_proj_weight = &tw_out;
+    sdpa_status st = sdpa_mha_forward(&prm, &tx, &tx, &tx, NULL, &tout, NULL);
+    if (st != SDPA_OK) {
+        fail_msg("sdpa_mha_forward: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    for (int i = 0; i < L; ++i)
+        for (int e = 0; e < E; ++e) {
+            const float got = out[i * E + e];
+            if (e < E - 1 ? got != 0.0f : !(isinf(got) && got > 0)) {
+                fail_msg("out[%d][%d] = %g, expected %s", i, e, (double)got, e < E - 1 ? "0 exactly" : "+inf (8 * 3.2e38)");
+            }
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mha_self_attention_packed_matches_reference),
@@ -1449,6 +1492,7 @@ int main(void) {
         cmocka_unit_test(mha_struct_size_rules),
         cmocka_unit_test(mha_empty_batch_and_query_succeed),
         cmocka_unit_test(mha_larger_problem_matches_reference),
+        cmocka_unit_test(mha_out_projection_overflow_is_recomputed_in_double),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
