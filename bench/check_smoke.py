@@ -107,7 +107,8 @@ def main():
             if row["GB/s"] is None:
                 fail(f"{where}: no GB/s")
             continue
-        if row["GF/s"] is None or row["GF/s"] <= 0:
+        # A tiny smoke shape under a sanitizer can print 0.00 GF/s: only the column must be there.
+        if row["GF/s"] is None or row["GF/s"] < 0:
             fail(f"{where}: no GFLOP/s")
         if row["path"] not in LIBRARY:
             continue

@@ -31,6 +31,7 @@
 #include <malloc.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,6 +142,7 @@ typedef struct config {
     int reps;
     int warmup;
     double min_time_ms; /* raise a cheap shape's repetitions until a candidate's total reaches this */
+    double blas_quiet_ms; /* pause after an OpenBLAS-using call before a call that uses no BLAS */
     int threads[MAX_THREADS_LIST];
     int nthreads;
     const char *csv_path;
@@ -660,11 +662,22 @@ static void bench_shape(const shape *s, const config *cfg) {
         if (want > reps)
             reps = want > 100 ? 100 : (int)want;
     }
+    /* OpenBLAS's worker threads keep spinning for a while (about 0.1 s here) after a threaded
+     * call returns; a call that uses no BLAS right after one would share the cores with them.
+     * So such a call first waits, untimed, for them to go to sleep. */
+    bool blas_spinning = true;
     for (int r = 0; r < reps; ++r) {
         for (int j = 0; j < nc; ++j) {
             candidate *c = &cands[(j + r) % nc];
             if (c->state != CAND_OK)
                 continue;
+            const bool uses_blas = c->path == PATH_BLAS_FLOOR || c->path == PATH_REFERENCE;
+            if (!uses_blas && blas_spinning && cfg->blas_quiet_ms > 0) {
+                struct timespec ts = {(time_t)(cfg->blas_quiet_ms / 1000.0),
+                                      (long)(fmod(cfg->blas_quiet_ms, 1000.0) * 1e6)};
+                nanosleep(&ts, NULL);
+            }
+            blas_spinning = uses_blas;
             double t = call_candidate(&d, c, cfg, 1);
             if (t >= 0 && c->ntimes < MAX_REPS) {
                 c->times[c->ntimes++] = t;
@@ -702,6 +715,9 @@ static void usage(FILE *f) {
             "  --warmup N     untimed calls per candidate before the memory probe (default 1)\n"
             "  --min-time-ms  raise a cheap shape's repetitions (up to 100) until each candidate\n"
             "                 runs about this long in total (default 300; smoke 0)\n"
+            "  --blas-quiet-ms T  untimed pause after an OpenBLAS call (floor, reference) before a\n"
+            "                 call that uses no BLAS, so OpenBLAS's spinning idle threads do not\n"
+            "                 take its cores (default 200; smoke 0)\n"
             "  --threads      thread counts (default 1,2)\n"
             "  --shapes       keep shapes whose name contains one of the substrings\n"
             "                 (names: dense-1x8x128x128x64, causal-..., cross-..., decode-..., memory-...)\n"
@@ -758,6 +774,7 @@ int main(int argc, char **argv) {
     cfg.reps = -1;
     cfg.warmup = 1;
     cfg.min_time_ms = -1;
+    cfg.blas_quiet_ms = -1;
     cfg.threads[0] = 1;
     cfg.threads[1] = 2;
     cfg.nthreads = 2;
@@ -792,6 +809,8 @@ int main(int argc, char **argv) {
             }
         } else if (val && !strcmp(a, "--min-time-ms"))
             cfg.min_time_ms = atof(val), ++i;
+        else if (val && !strcmp(a, "--blas-quiet-ms"))
+            cfg.blas_quiet_ms = atof(val), ++i;
         else if (val && !strcmp(a, "--threads")) {
             if (!parse_threads(val, &cfg)) {
                 fprintf(stderr, "sdpa-bench: --threads wants a list like 1,2 (each 1..64)\n");
@@ -823,6 +842,8 @@ int main(int argc, char **argv) {
         cfg.reps = cfg.smoke ? 2 : 5;
     if (cfg.min_time_ms < 0)
         cfg.min_time_ms = cfg.smoke ? 0 : 300;
+    if (cfg.blas_quiet_ms < 0)
+        cfg.blas_quiet_ms = cfg.smoke ? 0 : 200;
     const shape *shapes = cfg.smoke ? smoke_shapes : full_shapes;
     size_t nshapes = cfg.smoke ? sizeof smoke_shapes / sizeof *smoke_shapes : sizeof full_shapes / sizeof *full_shapes;
     if (list) {
@@ -882,14 +903,14 @@ int main(int argc, char **argv) {
 #endif
     const char *coretype_env = getenv("OPENBLAS_CORETYPE");
     printf("# sdpa-bench: libsdpa %s, %ld online CPUs, BLAS core %s (OPENBLAS_CORETYPE=%s), OpenBLAS default threads "
-           "%d, reps>=%d, warmup %d, min-time %.0f ms, tol %g\n",
+           "%d, reps>=%d, warmup %d, min-time %.0f ms, blas-quiet %.0f ms, tol %g\n",
            sdpa_version_string(), sysconf(_SC_NPROCESSORS_ONLN), blas_core, coretype_env ? coretype_env : "unset",
 #ifdef SDPA_BENCH_OPENBLAS_THREADS
            openblas_default_threads,
 #else
            -1,
 #endif
-           cfg.reps, cfg.warmup, cfg.min_time_ms, cfg.tol);
+           cfg.reps, cfg.warmup, cfg.min_time_ms, cfg.blas_quiet_ms, cfg.tol);
     printf("# floors: blas-floor = 2 sgemm per (b,h), OpenBLAS threads set to the row's count; "
            "bw-floor = sum of K and V floats over the row's threads; cache flush %s (%zu MiB read before each call)\n",
            cfg.flush_mode == 0 ? "off" : cfg.flush_mode == 1 ? "on decode shapes" : "on all shapes",
