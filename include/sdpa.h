@@ -222,7 +222,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_allow_mask_init(sdpa_allow_mask *mask, 
 typedef enum sdpa_alignment {
     /** p = i. PyTorch is_causal, torch.tril, ONNX without cache. */
     SDPA_ALIGN_TOP_LEFT = 0,
-    /** p = i + S_b - L, S_b = key_lengths[b] if given, else S. FlashAttention >= 2.1,
+    /** p = i + S_b - L_b, S_b = key_lengths[b] if given, else S; L_b = query_lengths[b] if
+     *  given, else L. FlashAttention >= 2.1,
      *  KV-cache decode: the last query sees every valid key. */
     SDPA_ALIGN_BOTTOM_RIGHT = 1,
     /** p = i + query_offsets[b] (may be negative). ONNX Attention with a past of length P
