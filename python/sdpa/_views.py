@@ -10,6 +10,9 @@ a byte-swapped float32), a stride that is not a whole number of elements, or a m
 buffer raises SdpaDtypeError / SdpaShapeError instead of being converted silently; convert it
 yourself (``np.asarray(x, dtype=np.float32)``) if a copy is what you want.
 """
+import numbers
+import operator
+
 import numpy as np
 
 from ._errors import py_error
@@ -88,12 +91,28 @@ def mask_view(array, name):
     return m
 
 
+_INT64_MIN, _INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
 def int64_vector(values, length, name):
     """A contiguous int64 array of exactly `length` entries from a sequence of integers (these
     small per-batch arrays are converted, not viewed). The library reads `length` entries, so
-    the count is checked here."""
+    the count is checked here. The range is checked before the cast, so an out-of-range value
+    raises SdpaArgumentError without a numpy cast warning."""
     array = np.asarray(values)
-    if array.dtype.kind not in "iub":
+    if array.dtype.kind == "O":
+        # Python ints beyond int64 (2**64, -2**63 - 1) make an object array.
+        items = array.reshape(-1).tolist()
+        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+                   for x in items):
+            raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers, got {values!r}")
+        if array.ndim == 1 and array.shape[0] == length:
+            bad = [x for x in items if not _INT64_MIN <= int(x) <= _INT64_MAX]
+            if bad:
+                raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                               f"{name} does not fit in int64 ({name} holds {bad[0]})")
+            array = np.array([int(x) for x in items], dtype=np.int64)
+    elif array.dtype.kind not in "iub":
         if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.round(array)):
             pass
         else:
@@ -101,21 +120,58 @@ def int64_vector(values, length, name):
     if array.ndim != 1 or array.shape[0] != length:
         raise py_error("SDPA_ERR_SHAPE",
                        f"{name} has shape {array.shape}, expected ({length},) (one per batch)")
-    converted = np.ascontiguousarray(array, dtype=np.int64)
-    if not np.array_equal(converted, array):
-        raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"{name} does not fit in int64")
-    return converted
+    if array.size and array.dtype.kind in "uf":
+        # uint64 above 2**63 - 1 and floats beyond +-2**63 do not cast: check first (a float
+        # cast out of range would warn "invalid value encountered in cast").
+        hi, lo = array.max(), array.min()
+        if array.dtype.kind == "u":
+            out_of_range = int(hi) > _INT64_MAX
+        else:
+            out_of_range = not (-2.0 ** 63 <= float(lo) and float(hi) < 2.0 ** 63)
+        if out_of_range:
+            value = hi if array.dtype.kind == "u" or float(hi) >= 2.0 ** 63 else lo
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                           f"{name} does not fit in int64 ({name} holds {value!r})")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def integer(value, name):
+    """A Python int from an int or numpy integer (0-d integer arrays too). Floats, even 3.0,
+    bools and strings raise SdpaDtypeError, as numpy rejects np.zeros(3.5): a size, length,
+    window side or offset of 3.5 is a mistake, not 3."""
+    if not isinstance(value, (bool, np.bool_)):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise py_error("SDPA_ERR_DTYPE",
+                   f"{name}={value!r} must be an integer (int or numpy integer), got "
+                   f"{type(value).__name__}")
+
+
+def real(value, name):
+    """A Python float from an int, float or numpy integer/floating scalar (0-d arrays too).
+    Strings, bytes, bools and other objects raise SdpaDtypeError (float('0.5') would parse a
+    string). The range is left to the library (NaN and inf pass through to be rejected there
+    with its message)."""
+    if isinstance(value, (numbers.Real, np.ndarray)) and not isinstance(value, (bool, np.bool_)):
+        array = np.asarray(value)
+        if array.ndim == 0 and array.dtype.kind in "iuf":
+            return float(array)
+    raise py_error("SDPA_ERR_DTYPE",
+                   f"{name}={value!r} must be a real number (int, float or numpy scalar), got "
+                   f"{type(value).__name__}")
 
 
 def uint64(value, name):
-    value = int(value)
+    value = integer(value, name)
     if not 0 <= value < 2 ** 64:
         raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"{name}={value} must be in [0, 2**64)")
     return value
 
 
 def int32(value, name, minimum=None):
-    value = int(value)
+    value = integer(value, name)
     if not -2 ** 31 <= value < 2 ** 31 or (minimum is not None and value < minimum):
         low = -2 ** 31 if minimum is None else minimum
         raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"{name}={value} must be in [{low}, 2**31)")
@@ -123,7 +179,7 @@ def int32(value, name, minimum=None):
 
 
 def int64(value, name):
-    value = int(value)
+    value = integer(value, name)
     if not -2 ** 63 <= value < 2 ** 63:
         raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"{name}={value} does not fit in int64")
     return value

@@ -5,7 +5,8 @@ import numpy as np
 
 from . import _lib
 from ._errors import py_error
-from ._views import (address, choice, int32, int64_vector, mask_view, tensor_view, uint64)
+from ._views import (address, choice, int32, int64, int64_vector, mask_view, real, tensor_view,
+                     uint64)
 
 __all__ = ["scaled_dot_product_attention", "merge", "last_kernel", "ALIGNMENTS", "EMPTY_ROWS",
            "WEIGHTS_STAGES", "KERNELS"]
@@ -58,7 +59,7 @@ def _window(window):
         raise py_error("SDPA_ERR_INVALID_ARGUMENT",
                        f"window={window!r} must be a pair (left, right); None or -1 = unbounded"
                        ) from None
-    return tuple(-1 if w is None else int(w) for w in (left, right))
+    return tuple(-1 if w is None else int64(w, f"window[{i}]") for i, w in enumerate((left, right)))
 
 
 def _head_axis(array, query_ndim):
@@ -159,14 +160,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     opt.causal, opt.alignment = _causal_and_alignment(causal, alignment, query_offsets)
 
     if scale is not None:
-        scale = float(scale)
+        scale = real(scale, "scale")
         if scale == 0.0:
             raise py_error("SDPA_ERR_INVALID_ARGUMENT",
                            "scale=0 is not supported (libsdpa reads 0 as the default "
                            "1/sqrt(E)); pass scale=None for the default")
         opt.scale = scale
     if softcap is not None:
-        opt.softcap = float(softcap)
+        opt.softcap = real(softcap, "softcap")
 
     # Masks and biases. Every array used by the call stays referenced by a local variable.
     mask_arr = bias_arr = None
@@ -218,7 +219,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     opt.empty_rows = choice(empty_rows, EMPTY_ROWS, "empty_rows")
     opt.weights_stage = choice(weights_stage, WEIGHTS_STAGES, "weights_stage")
     opt.skip_finite_check = 0 if check_finite else 1
-    opt.dropout_p = float(dropout_p)
+    opt.dropout_p = real(dropout_p, "dropout_p")
     opt.dropout_seed = uint64(seed, "seed")
     opt.dropout_offset = uint64(dropout_offset, "dropout_offset")
     opt.kernel = choice(kernel, KERNELS, "kernel")

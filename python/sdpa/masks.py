@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _lib
 from ._errors import py_error
-from ._views import address, choice, int64, int64_vector, mask_view
+from ._views import address, choice, int64, int64_vector, mask_view, real
 from .attention import ALIGNMENTS
 
 __all__ = ["causal_allow_mask", "padding_allow_mask", "sliding_window_allow_mask",
@@ -188,7 +188,7 @@ def allow_from_additive(additive, threshold=None):
     flat = _flat_input(src, np.float32, "additive")
     thr = None
     if threshold is not None:
-        thr = ctypes.c_float(float(threshold))
+        thr = ctypes.c_float(real(threshold, "threshold"))
     out = _alloc_bool(src.shape)
     lib.check(lib.sdpa_mask_from_additive(address(flat), flat.size,
                                           None if thr is None else ctypes.addressof(thr),

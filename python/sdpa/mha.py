@@ -6,8 +6,8 @@ import numpy as np
 
 from . import _lib
 from ._errors import py_error
-from ._views import (address, choice, int32, int64_vector, mask_view, split_axis, tensor_view,
-                     uint64)
+from ._views import (address, choice, int32, int64_vector, integer, mask_view, real, split_axis,
+                     tensor_view, uint64)
 from .attention import EMPTY_ROWS
 from .masks import allow_from_ignore
 
@@ -45,6 +45,20 @@ def _to_numpy(value, key):
     return array
 
 
+def _check_mask_dtype(mask, name):
+    """MultiheadAttention masks are bool (True = IGNORE) or float (additive), as in
+    torch.nn.MultiheadAttention, which rejects other dtypes. An integer mask is refused rather
+    than read as an ignore-mask: a Hugging Face attention_mask (1 = keep) would flip polarity."""
+    if mask.dtype == np.bool_ or mask.dtype.kind == "f":
+        return
+    raise py_error("SDPA_ERR_DTYPE",
+                   f"{name}.dtype={mask.dtype}, expected bool (True = ignore the key, as "
+                   "torch.nn.MultiheadAttention) or float32 (additive, 0 / -inf); an integer "
+                   "mask's polarity is ambiguous: a keep-mask (1 = attend, Hugging Face "
+                   "attention_mask) converts with ~sdpa.allow_from_keep_int(mask), an "
+                   "ignore-mask (nonzero = ignore) with mask.astype(bool)")
+
+
 class MultiheadAttention:
     """torch.nn.MultiheadAttention in numpy, computed by libsdpa (sdpa_mha_forward).
 
@@ -69,19 +83,20 @@ class MultiheadAttention:
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, *,
                  num_kv_heads=None, head_dim=None, state_dict=None, num_threads=0):
-        self.embed_dim = int(embed_dim)
-        self.num_heads = int(num_heads)
+        self.embed_dim = integer(embed_dim, "embed_dim")
+        self.num_heads = integer(num_heads, "num_heads")
         if self.embed_dim <= 0 or self.num_heads <= 0:
             raise py_error("SDPA_ERR_SHAPE", f"embed_dim={embed_dim} and num_heads={num_heads} must be >= 1")
-        self.kdim = self.embed_dim if kdim is None else int(kdim)
-        self.vdim = self.embed_dim if vdim is None else int(vdim)
-        self.num_kv_heads = self.num_heads if num_kv_heads is None else int(num_kv_heads)
+        self.kdim = self.embed_dim if kdim is None else integer(kdim, "kdim")
+        self.vdim = self.embed_dim if vdim is None else integer(vdim, "vdim")
+        self.num_kv_heads = (self.num_heads if num_kv_heads is None
+                             else integer(num_kv_heads, "num_kv_heads"))
         if head_dim is None:
             if self.embed_dim % self.num_heads:
                 raise py_error("SDPA_ERR_SHAPE",
                                f"embed_dim={self.embed_dim} must be divisible by num_heads={self.num_heads}")
             head_dim = self.embed_dim // self.num_heads
-        self.head_dim = int(head_dim)
+        self.head_dim = integer(head_dim, "head_dim")
         if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
             raise py_error("SDPA_ERR_SHAPE",
                            f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
@@ -89,11 +104,11 @@ class MultiheadAttention:
         self.add_bias_kv = bool(add_bias_kv)
         self.add_zero_attn = bool(add_zero_attn)
         self.batch_first = bool(batch_first)
-        self.dropout = float(dropout)
+        self.dropout = real(dropout, "dropout")
         self.training = False
         self.dropout_seed = 0
         self.dropout_offset = 0
-        self.num_threads = int(num_threads)
+        self.num_threads = int32(num_threads, "num_threads", minimum=0)
         self._weights = {}
         if state_dict is not None:
             self.load_state_dict(state_dict)
@@ -226,6 +241,8 @@ class MultiheadAttention:
             additive.
         attn_mask [L, S] or [B*num_heads, L, S]: bool True = IGNORE (PyTorch MHA's polarity),
             or float32 additive (0 / -inf). Bool masks are converted with allow_from_ignore.
+            Integer masks (uint8 included) raise SdpaDtypeError, as torch rejects them: their
+            polarity is ambiguous (a Hugging Face 1 = keep mask is the opposite of IGNORE).
         is_causal: True applies the causal (top-left) rule itself, with or without attn_mask
             (PyTorch treats it as a hint that attn_mask is causal: the results agree).
         need_weights: return the attention probabilities, [B, L, S'] averaged over heads
@@ -283,6 +300,7 @@ class MultiheadAttention:
             kpm = key_padding_mask if batched else np.asarray(key_padding_mask)[None]
             if not isinstance(kpm, np.ndarray):
                 raise TypeError("key_padding_mask must be a numpy.ndarray")
+            _check_mask_dtype(kpm, "key_padding_mask")
             if kpm.dtype.kind == "f":
                 if kpm.dtype != np.float32:
                     raise py_error("SDPA_ERR_DTYPE",
@@ -297,6 +315,7 @@ class MultiheadAttention:
         if attn_mask is not None:
             if not isinstance(attn_mask, np.ndarray):
                 raise TypeError("attn_mask must be a numpy.ndarray")
+            _check_mask_dtype(attn_mask, "attn_mask")
             am = attn_mask
             if am.ndim == 3:
                 if am.shape[0] == B * self.num_heads:
@@ -336,9 +355,12 @@ class MultiheadAttention:
             opt.query_lengths = address(ql)
         opt.causal = 1 if is_causal else 0
         opt.per_head_weights = 0 if average_attn_weights else 1
-        drops = self.training and self.dropout > 0.0
-        opt.training = 1 if drops else 0
-        opt.dropout_p = self.dropout if drops else 0.0
+        # dropout_p goes to the library as set, in eval mode too: it rejects a value outside
+        # [0, 1) (NaN included) whether or not training, and ignores it when not training.
+        dropout_p = real(self.dropout, "dropout")
+        drops = self.training and dropout_p > 0.0
+        opt.training = 1 if self.training else 0
+        opt.dropout_p = dropout_p
         opt.dropout_seed = uint64(self.dropout_seed, "dropout_seed")
         opt.dropout_offset = uint64(self.dropout_offset, "dropout_offset")
         opt.empty_rows = choice(empty_rows, EMPTY_ROWS, "empty_rows")

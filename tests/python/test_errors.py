@@ -8,6 +8,7 @@ import tempfile
 import threading
 import time
 import unittest
+import warnings
 
 import numpy as np
 
@@ -169,6 +170,64 @@ class ErrorFamilyTest(unittest.TestCase):
         e2 = pickle.loads(pickle.dumps(e))
         self.assertIs(type(e2), sdpa.SdpaShapeError)
         self.assertEqual((e2.status, e2.name, e2.message), (21, "SDPA_ERR_SHAPE", "msg"))
+
+
+class ScalarArgumentTest(unittest.TestCase):
+    """Regressions: a string dropout_p was parsed, and out-of-range lengths warned."""
+
+    def test_dropout_p_must_be_a_real_number(self):
+        for bad in ("0.5", b"0.5", True, np.bool_(False), None, [0.5], np.array([0.5]), 0.5j):
+            with self.subTest(bad=bad), self.assertRaises(sdpa.SdpaDtypeError) as cm:
+                call(dropout_p=bad)
+            self.assertIsInstance(cm.exception, TypeError)
+            self.assertIn("dropout_p", cm.exception.message)
+            self.assertIn("real number", cm.exception.message)
+        plain = call()
+        for ok in (0, 0.0, np.float32(0.0), np.float64(0.0), np.int64(0), np.array(0.0)):
+            with self.subTest(ok=ok):
+                np.testing.assert_array_equal(call(dropout_p=ok), plain)
+        np.testing.assert_array_equal(call(dropout_p=np.float32(0.5), seed=3),
+                                      call(dropout_p=0.5, seed=3))
+        for other in ("scale", "softcap"):
+            with self.subTest(other=other), self.assertRaises(sdpa.SdpaDtypeError):
+                call(**{other: "2"})
+        with self.assertRaises(sdpa.SdpaDtypeError):
+            sdpa.allow_from_additive(np.zeros(3, np.float32), threshold="-1e4")
+
+    def test_integer_options_reject_fractions(self):
+        for kw in ({"seed": 1.5}, {"dropout_offset": 2.5}, {"num_threads": 1.5},
+                   {"window": (1.5, 0)}, {"window": (0, "1")}):
+            with self.subTest(**kw), self.assertRaises(sdpa.SdpaDtypeError) as cm:
+                call(**kw)
+            self.assertIn("integer", cm.exception.message)
+        np.testing.assert_array_equal(call(window=(np.int64(1), np.int32(0)), seed=np.uint64(2)),
+                                      call(window=(1, 0), seed=2))
+
+    def test_out_of_range_lengths_raise_without_warning(self):
+        for bad in ([2 ** 63], [2 ** 64], [-2 ** 63 - 1], [1e300], [2.0 ** 63], [-1e19],
+                    np.array([2 ** 63], np.uint64), np.array([2 ** 64 - 1], np.uint64)):
+            for name in ("key_lengths", "query_lengths"):
+                with self.subTest(bad=bad, name=name):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("error")   # a numpy cast warning fails here
+                        with self.assertRaises(sdpa.SdpaArgumentError) as cm:
+                            call(**{name: bad})
+                    self.assertEqual(cm.exception.name, "SDPA_ERR_INVALID_ARGUMENT")
+                    self.assertIn("does not fit in int64", cm.exception.message)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with self.assertRaises(sdpa.SdpaArgumentError):
+                sdpa.padding_allow_mask([1e300], 4)
+            with self.assertRaises(sdpa.SdpaDtypeError):
+                call(key_lengths=[float("inf")])
+            with self.assertRaises(sdpa.SdpaShapeError):
+                call(key_lengths=[2 ** 64, 1])
+            # in range: int64 extremes reach the library, which names the bad length
+            with self.assertRaises(sdpa.SdpaArgumentError) as cm:
+                call(key_lengths=[2 ** 63 - 1])
+            self.assertIn("key_lengths", cm.exception.message)
+            np.testing.assert_array_equal(call(key_lengths=np.array([5], np.uint64)),
+                                          call(key_lengths=[5]))
 
 
 class LoadingTest(unittest.TestCase):

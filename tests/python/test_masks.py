@@ -82,6 +82,47 @@ class BuilderTest(unittest.TestCase):
         self.assertEqual(cm.exception.name, "SDPA_ERR_BROADCAST")
 
 
+class BuilderArgumentTest(unittest.TestCase):
+    """Regression: causal_allow_mask(3.5, 4) was truncated to 3 rows."""
+
+    CALLS = {
+        "causal L": lambda v: sdpa.causal_allow_mask(v, 4),
+        "causal S": lambda v: sdpa.causal_allow_mask(3, v),
+        "padding N": lambda v: sdpa.padding_allow_mask([1, 2], v),
+        "sliding L": lambda v: sdpa.sliding_window_allow_mask(v, 4, 1, 0),
+        "sliding S": lambda v: sdpa.sliding_window_allow_mask(3, v, 1, 0),
+        "sliding left": lambda v: sdpa.sliding_window_allow_mask(3, 4, v, 0),
+        "sliding right": lambda v: sdpa.sliding_window_allow_mask(3, 4, 1, v),
+        "prefix T": lambda v: sdpa.prefix_lm_allow_mask(v, 1),
+        "prefix length": lambda v: sdpa.prefix_lm_allow_mask(3, v),
+    }
+
+    def test_non_integers_are_rejected(self):
+        for label, f in self.CALLS.items():
+            for bad in (3.5, 2.0, np.float64(2.0), np.float32(-1.0), "3", True, [3]):
+                with self.subTest(label=label, bad=bad):
+                    with self.assertRaises(sdpa.SdpaDtypeError) as cm:
+                        f(bad)
+                    self.assertIsInstance(cm.exception, TypeError)
+                    self.assertIn("integer", cm.exception.message)
+
+    def test_numpy_integers_are_accepted(self):
+        for label, f in self.CALLS.items():
+            for t in (np.int8, np.int32, np.int64, np.uint16, np.uint64):
+                with self.subTest(label=label, type=t.__name__):
+                    np.testing.assert_array_equal(f(t(2)), f(2))
+            np.testing.assert_array_equal(f(np.array(2)), f(2))   # 0-d integer array
+        self.assertEqual(sdpa.causal_allow_mask(np.int64(3), np.uint8(4)).shape, (3, 4))
+
+    def test_fractional_length_arrays_are_rejected(self):
+        with self.assertRaises(sdpa.SdpaDtypeError):
+            sdpa.padding_allow_mask([1.5, 2], 4)
+        with self.assertRaises(sdpa.SdpaDtypeError):
+            sdpa.block_diagonal_allow_mask([0, 1.5, 3])
+        with self.assertRaises(sdpa.SdpaDtypeError):
+            sdpa.block_diagonal_allow_mask([0, 2, 3], [0, 2.5, 4])
+
+
 class ConverterTest(unittest.TestCase):
     def test_ignore_polarity(self):
         """nn.MultiheadAttention masks: True = IGNORE. Converted, True = take part."""

@@ -220,6 +220,90 @@ class MhaReferenceTest(unittest.TestCase):
         self.assertEqual([sys.getrefcount(a) for a in (x, am, *sd.values())], refs)
 
 
+class MhaArgumentTest(unittest.TestCase):
+    """Regressions: integer masks and out-of-range dropout were accepted silently."""
+
+    def layer(self, **kw):
+        g = ref.rng(20)
+        return sdpa.MultiheadAttention(8, 2, batch_first=True, state_dict=make_state_dict(g, 8, 2),
+                                       **kw), randn(g, 2, 3, 8)
+
+    def test_integer_masks_are_rejected(self):
+        # torch.nn.MultiheadAttention: "only bool and floating types of key_padding_mask are
+        # supported". A Hugging Face attention_mask (1 = keep) must not be read as IGNORE.
+        layer, x = self.layer()
+        hf_keep = np.array([[1, 1, 0], [1, 0, 0]])
+        for dtype in (np.int8, np.int32, np.int64, np.uint8):
+            with self.subTest(dtype=np.dtype(dtype).name):
+                with self.assertRaises(sdpa.SdpaDtypeError) as cm:
+                    layer(x, x, x, key_padding_mask=hf_keep.astype(dtype))
+                e = cm.exception
+                self.assertIsInstance(e, TypeError)
+                self.assertEqual(e.name, "SDPA_ERR_DTYPE")
+                self.assertIn("key_padding_mask", e.message)
+                self.assertIn("allow_from_keep_int", e.message)
+                with self.assertRaises(sdpa.SdpaDtypeError) as cm:
+                    layer(x, x, x, attn_mask=np.triu(np.ones((3, 3), dtype), 1))
+                self.assertIn("attn_mask", cm.exception.message)
+                self.assertIn("allow_from_keep_int", cm.exception.message)
+                with self.assertRaises(sdpa.SdpaDtypeError):   # [B*H, L, S] too
+                    layer(x, x, x, attn_mask=np.zeros((4, 3, 3), dtype))
+        # unbatched input, and the conversions the message suggests
+        with self.assertRaises(sdpa.SdpaDtypeError):
+            layer(x[0], x[0], x[0], key_padding_mask=hf_keep[0])
+        want, _ = layer(x, x, x, key_padding_mask=hf_keep == 0)
+        got, _ = layer(x, x, x, key_padding_mask=~sdpa.allow_from_keep_int(hf_keep))
+        np.testing.assert_array_equal(got, want)
+        # bool and float32 masks still work
+        layer(x, x, x, attn_mask=np.triu(np.ones((3, 3), bool), 1),
+              key_padding_mask=np.zeros((2, 3), np.float32))
+
+    def test_invalid_dropout_is_rejected_in_both_modes(self):
+        # The library rejects dropout_p outside [0, 1) even with training = 0; the wrapper used
+        # to send 0 instead whenever the layer would not drop.
+        for p in (-0.5, float("nan"), 1.0, 1.5):
+            layer, x = self.layer(dropout=p)
+            for training in (True, False):
+                with self.subTest(p=p, training=training):
+                    layer.train(training)
+                    with self.assertRaises(sdpa.SdpaArgumentError) as cm:
+                        layer(x, x, x)
+                    self.assertIn("dropout_p", cm.exception.message)
+                    self.assertEqual(layer.dropout_offset, 0)
+        # an attribute set after construction is checked the same way
+        layer, x = self.layer()
+        layer.train()
+        layer.dropout = -0.5
+        with self.assertRaises(sdpa.SdpaArgumentError):
+            layer(x, x, x)
+        layer.dropout = "0.5"
+        with self.assertRaises(sdpa.SdpaDtypeError):
+            layer(x, x, x)
+        # valid values: eval mode ignores them bit for bit, p = 0 does not advance the offset
+        layer.dropout = 0.0
+        y0, _ = layer(x, x, x)
+        self.assertEqual(layer.dropout_offset, 0)
+        layer.dropout = 0.5
+        layer.eval()
+        np.testing.assert_array_equal(layer(x, x, x)[0], y0)
+        self.assertEqual(layer.dropout_offset, 0)
+
+    def test_constructor_argument_types(self):
+        g = ref.rng(21)
+        sd = make_state_dict(g, 8, 2)
+        with self.assertRaises(sdpa.SdpaDtypeError):
+            sdpa.MultiheadAttention(8, 2, dropout="0.5")
+        for kw in ({"embed_dim": 8.5}, {"num_heads": 2.0}, {"kdim": 8.5}, {"head_dim": 4.5},
+                   {"num_kv_heads": 1.5}):
+            args = {"embed_dim": 8, "num_heads": 2, **kw}
+            with self.subTest(**kw), self.assertRaises(sdpa.SdpaDtypeError) as cm:
+                sdpa.MultiheadAttention(args.pop("embed_dim"), args.pop("num_heads"), **args)
+            self.assertIn("integer", cm.exception.message)
+        layer = sdpa.MultiheadAttention(np.int64(8), np.int32(2), dropout=np.float32(0.25),
+                                        state_dict=sd)
+        self.assertEqual((layer.embed_dim, layer.num_heads, layer.dropout), (8, 2, 0.25))
+
+
 def _torch():
     if "LD_PRELOAD" in os.environ and "asan" in os.environ["LD_PRELOAD"]:
         return None   # torch's own libraries are not meant to run under the ASan runtime
