@@ -16,7 +16,8 @@
  *
  * Each candidate gets --warmup untimed calls and one untimed memory probe, then the
  * candidates of a shape run round-robin (one call each per round, the starting candidate
- * rotating) for the shape's repetitions; a row reports the median. Every library call's
+ * rotating) for the shape's repetitions, BLAS-free candidates in a first phase and those that
+ * use OpenBLAS in a second (see the rep loop); a row reports the median. Every library call's
  * output is compared with the reference path's output (max_abs_diff_ref) and, on a sample
  * of rows, with a double-precision evaluation written here (max_abs_diff_naive).
  * A forced kernel that answers SDPA_ERR_UNSUPPORTED is reported as "unsupported".
@@ -663,26 +664,30 @@ static void bench_shape(const shape *s, const config *cfg) {
             reps = want > 100 ? 100 : (int)want;
     }
     /* OpenBLAS's worker threads keep spinning for a while (about 0.1 s here) after a threaded
-     * call returns; a call that uses no BLAS right after one would share the cores with them.
-     * So such a call first waits, untimed, for them to go to sleep. */
-    bool blas_spinning = true;
-    for (int r = 0; r < reps; ++r) {
-        for (int j = 0; j < nc; ++j) {
-            candidate *c = &cands[(j + r) % nc];
-            if (c->state != CAND_OK)
-                continue;
-            const bool uses_blas = c->path == PATH_BLAS_FLOOR || c->path == PATH_REFERENCE;
-            if (!uses_blas && blas_spinning && cfg->blas_quiet_ms > 0) {
-                struct timespec ts = {(time_t)(cfg->blas_quiet_ms / 1000.0),
-                                      (long)(fmod(cfg->blas_quiet_ms, 1000.0) * 1e6)};
-                nanosleep(&ts, NULL);
-            }
-            blas_spinning = uses_blas;
-            double t = call_candidate(&d, c, cfg, 1);
-            if (t >= 0 && c->ntimes < MAX_REPS) {
-                c->times[c->ntimes++] = t;
-                c->cpu_ms_sum += last_cpu_ms;
-                c->wall_ms_sum += t;
+     * call returns, and a BLAS-free call made meanwhile shares the cores with them. So the
+     * rounds run in two phases: first the candidates that use no BLAS (tiled, decode, AUTO,
+     * bw-floor), after one untimed pause that lets the warm-up's BLAS threads go to sleep, then
+     * those that do (blas-floor, reference). Within a phase, candidates interleave round-robin. */
+    for (int phase = 0; phase < 2; ++phase) {
+        if (phase == 0 && cfg->blas_quiet_ms > 0) {
+            struct timespec ts = {(time_t)(cfg->blas_quiet_ms / 1000.0),
+                                  (long)(fmod(cfg->blas_quiet_ms, 1000.0) * 1e6)};
+            nanosleep(&ts, NULL);
+        }
+        for (int r = 0; r < reps; ++r) {
+            for (int j = 0; j < nc; ++j) {
+                candidate *c = &cands[(j + r) % nc];
+                if (c->state != CAND_OK)
+                    continue;
+                const bool uses_blas = c->path == PATH_BLAS_FLOOR || c->path == PATH_REFERENCE;
+                if (uses_blas != (phase == 1))
+                    continue;
+                double t = call_candidate(&d, c, cfg, 1);
+                if (t >= 0 && c->ntimes < MAX_REPS) {
+                    c->times[c->ntimes++] = t;
+                    c->cpu_ms_sum += last_cpu_ms;
+                    c->wall_ms_sum += t;
+                }
             }
         }
     }
@@ -715,9 +720,9 @@ static void usage(FILE *f) {
             "  --warmup N     untimed calls per candidate before the memory probe (default 1)\n"
             "  --min-time-ms  raise a cheap shape's repetitions (up to 100) until each candidate\n"
             "                 runs about this long in total (default 300; smoke 0)\n"
-            "  --blas-quiet-ms T  untimed pause after an OpenBLAS call (floor, reference) before a\n"
-            "                 call that uses no BLAS, so OpenBLAS's spinning idle threads do not\n"
-            "                 take its cores (default 200; smoke 0)\n"
+            "  --blas-quiet-ms T  untimed pause before the BLAS-free phase of a shape, so that\n"
+            "                 OpenBLAS's spinning idle threads do not take its cores (default 200;\n"
+            "                 smoke 0)\n"
             "  --threads      thread counts (default 1,2)\n"
             "  --shapes       keep shapes whose name contains one of the substrings\n"
             "                 (names: dense-1x8x128x128x64, causal-..., cross-..., decode-..., memory-...)\n"
