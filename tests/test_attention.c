@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "test_case.h"
 #include "test_common.h"
 
 #define RTOL 1e-5
@@ -108,200 +109,34 @@ static void attention_reference_golden_causal_matches_averages(void **state)
 /* ------------------------------------------------------- random vs reference */
 
 typedef struct rcase {
-    int index;
-    uint64_t seed;
-    int rank;
-    int64_t B, Hq, Hkv, L, S, E, Ev;
-    tc_buf q, k, v, out, w, lse, bias;
-    int has_bias, has_mask, want_w, want_lse, use_ws;
-    uint8_t *mask_base;
-    sdpa_allow_mask mask;
-    ref_mask rmask;
-    ref_view rbias;
-    int64_t offsets[4], kl[4], ql[4];
-    sdpa_options opt;
-    ref_problem rp;
+    tc_case t;  /* the problem (shared generator, test_case.h) */
     void *ws;
     size_t ws_bytes;
-    char desc[2048];
 } rcase;
 
-static void random_layout(tc_rng *r, tc_layout *lay, int rank, const int64_t *shape, int is_input)
-{
-    tc_layout_contiguous(lay, rank);
-    int kind = (int)tc_rng_int(r, 0, 3);
-    if (rank == 4 && kind == 1) {
-        lay->perm[1] = 2; /* BSHD storage of a [B, H, S, D] view */
-        lay->perm[2] = 1;
-    } else if (kind == 2) {
-        for (int i = rank - 1; i > 0; --i) {
-            int j = (int)tc_rng_int(r, 0, i);
-            int t = lay->perm[i];
-            lay->perm[i] = lay->perm[j];
-            lay->perm[j] = t;
-        }
-    }
-    for (int d = 0; d < rank; ++d) {
-        if (tc_rng_chance(r, 0.2)) {
-            lay->pad[d] = tc_rng_int(r, 1, 3);
-        }
-        if (is_input) {
-            if (shape[d] > 1 && tc_rng_chance(r, 0.08)) {
-                lay->bcast[d] = 1;
-            } else if (tc_rng_chance(r, 0.1)) {
-                lay->reverse[d] = 1;
-            }
-        }
-    }
-}
+/* Features of these cases (sizes are drawn in gen_case). */
+static const tc_case_params g_params = {
+    .qk_range = 1.0,
+    .bcast_p = 0.08,
+    .weights_p = 0.6,
+    .lse_p = 0.6,
+    .softcap_p = 0.3,
+    .bias_p = 0.4,
+    .bias_neginf_p = 0.12,
+    .mask_p = 0.45,
+    .causal_p = 0.35,
+    .offset_lo_div = 1,
+    .window_right_div = 1,
+    .zero_rows_p = 0.6,
+    .run_opts = 1,
+};
 
-static int append(char *buf, size_t cap, const char *fmt, ...)
-{
-    size_t len = strlen(buf);
-    if (len >= cap) {
-        return 0;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf + len, cap - len, fmt, ap);
-    va_end(ap);
-    return n;
-}
-
-static void describe_view(char *d, size_t cap, const char *name, const tc_buf *b)
-{
-    append(d, cap, " %s[", name);
-    for (int i = 0; i < b->rank; ++i) {
-        append(d, cap, "%s%lld", i ? "," : "", (long long)b->shape[i]);
-    }
-    append(d, cap, "]/(");
-    for (int i = 0; i < b->rank; ++i) {
-        append(d, cap, "%s%lld", i ? "," : "", (long long)b->strides[i]);
-    }
-    append(d, cap, ")");
-}
-
-static void describe(rcase *c)
-{
-    char *d = c->desc;
-    size_t cap = sizeof c->desc;
-    d[0] = '\0';
-    append(d, cap, "case %d seed %llu: rank %d B=%lld Hq=%lld Hkv=%lld L=%lld S=%lld E=%lld Ev=%lld",
-           c->index, (unsigned long long)c->seed, c->rank, (long long)c->B, (long long)c->Hq,
-           (long long)c->Hkv, (long long)c->L, (long long)c->S, (long long)c->E, (long long)c->Ev);
-    describe_view(d, cap, "q", &c->q);
-    describe_view(d, cap, "k", &c->k);
-    describe_view(d, cap, "v", &c->v);
-    describe_view(d, cap, "out", &c->out);
-    if (c->want_w) {
-        describe_view(d, cap, "w", &c->w);
-    }
-    if (c->want_lse) {
-        describe_view(d, cap, "lse", &c->lse);
-    }
-    append(d, cap, " scale=%g softcap=%g causal=%d align=%d sliding_window=%d window=(%lld,%lld)"
-                   " empty_rows=%d stage=%d skip_finite_check=%d threads=%d ws=%d",
-           (double)c->opt.scale, (double)c->opt.softcap, c->opt.causal, c->opt.alignment,
-           c->opt.sliding_window, (long long)c->opt.window_left, (long long)c->opt.window_right,
-           c->opt.empty_rows, c->opt.weights_stage, c->opt.skip_finite_check, c->opt.num_threads,
-           c->use_ws);
-    if (c->opt.alignment == SDPA_ALIGN_OFFSETS) {
-        append(d, cap, " offsets=");
-        for (int64_t b = 0; b < c->B; ++b) {
-            append(d, cap, "%s%lld", b ? "," : "", (long long)c->offsets[b]);
-        }
-    }
-    if (c->opt.key_lengths) {
-        append(d, cap, " key_lengths=");
-        for (int64_t b = 0; b < c->B; ++b) {
-            append(d, cap, "%s%lld", b ? "," : "", (long long)c->kl[b]);
-        }
-    }
-    if (c->opt.query_lengths) {
-        append(d, cap, " query_lengths=");
-        for (int64_t b = 0; b < c->B; ++b) {
-            append(d, cap, "%s%lld", b ? "," : "", (long long)c->ql[b]);
-        }
-    }
-    if (c->has_bias) {
-        describe_view(d, cap, "bias", &c->bias);
-    }
-    if (c->has_mask) {
-        append(d, cap, " mask[");
-        for (int i = 0; i < c->mask.rank; ++i) {
-            append(d, cap, "%s%lld", i ? "," : "", (long long)c->mask.shape[i]);
-        }
-        append(d, cap, "]/(");
-        for (int i = 0; i < c->mask.rank; ++i) {
-            append(d, cap, "%s%lld", i ? "," : "", (long long)c->mask.strides[i]);
-        }
-        append(d, cap, ")");
-    }
-}
-
-static void make_mask(rcase *c, tc_rng *r, const int64_t *full)
-{
-    int mr = (int)tc_rng_int(r, 1, 4);
-    memset(&c->mask, 0, sizeof c->mask);
-    c->mask.rank = mr;
-    int stride0[4] = {0};
-    for (int d = 0; d < mr; ++d) {
-        int64_t fs = full[4 - mr + d];
-        c->mask.shape[d] = tc_rng_chance(r, 0.35) ? 1 : fs;
-        stride0[d] = c->mask.shape[d] > 1 && tc_rng_chance(r, 0.15);
-    }
-    int64_t running = 1;
-    for (int d = mr - 1; d >= 0; --d) {
-        if (stride0[d]) {
-            c->mask.strides[d] = 0;
-            continue;
-        }
-        c->mask.strides[d] = running;
-        running *= c->mask.shape[d] > 0 ? c->mask.shape[d] : 1;
-    }
-    c->mask_base = malloc((size_t)running);
-    assert_non_null(c->mask_base);
-    static const uint8_t allow_values[4] = {1, 2, 128, 255};
-    for (int64_t e = 0; e < running; ++e) {
-        c->mask_base[e] = tc_rng_chance(r, 0.2) ? 0 : allow_values[tc_rng_int(r, 0, 3)];
-    }
-    c->mask.data = c->mask_base;
-    memset(&c->rmask, 0, sizeof c->rmask);
-    c->rmask.data = c->mask_base;
-    c->rmask.rank = mr;
-    for (int d = 0; d < mr; ++d) {
-        c->rmask.shape[d] = c->mask.shape[d];
-        c->rmask.strides[d] = c->mask.strides[d];
-    }
-}
-
-static void make_bias(rcase *c, tc_rng *r, const int64_t *full)
-{
-    int br = (int)tc_rng_int(r, 1, 4);
-    int64_t shape[4];
-    for (int d = 0; d < br; ++d) {
-        shape[d] = tc_rng_chance(r, 0.35) ? 1 : full[4 - br + d];
-    }
-    tc_layout lay;
-    random_layout(r, &lay, br, shape, 1);
-    tc_buf_alloc(&c->bias, br, shape, &lay, NAN);
-    tc_buf_fill_uniform(&c->bias, r, -2.0, 2.0);
-    int64_t idx[4] = {0};
-    do {
-        if (tc_rng_chance(r, 0.12)) {
-            tc_buf_set(&c->bias, idx, -INFINITY);
-        }
-    } while (tc_index_next(br, shape, idx));
-    c->rbias = tc_buf_ref_same_rank(&c->bias);
-}
-
-static void gen_case(rcase *c, int index, uint64_t seed, int large)
+static void gen_case(rcase *rc, int index, uint64_t seed, int large)
 {
     tc_rng rng, *r = &rng;
     tc_rng_seed(r, seed);
-    memset(c, 0, sizeof *c);
-    c->index = index;
-    c->seed = seed;
+    memset(rc, 0, sizeof *rc);
+    tc_case *c = &rc->t;
     c->rank = tc_rng_chance(r, 0.3) ? 3 : 4;
     c->B = tc_rng_int(r, 1, 3);
     if (c->rank == 4) {
@@ -326,177 +161,15 @@ static void gen_case(rcase *c, int index, uint64_t seed, int large)
         c->E = tc_rng_int(r, 1, 16);
         c->Ev = tc_rng_chance(r, 0.5) ? c->E : tc_rng_int(r, 1, 16);
     }
-
-    int64_t qs[4], ks[4], vs[4], os[4], ws[4], ls[3];
-    if (c->rank == 4) {
-        int64_t a[4] = {c->B, c->Hq, c->L, c->E}, b[4] = {c->B, c->Hkv, c->S, c->E};
-        int64_t e[4] = {c->B, c->Hkv, c->S, c->Ev}, o[4] = {c->B, c->Hq, c->L, c->Ev};
-        int64_t w[4] = {c->B, c->Hq, c->L, c->S}, l[3] = {c->B, c->Hq, c->L};
-        memcpy(qs, a, sizeof a);
-        memcpy(ks, b, sizeof b);
-        memcpy(vs, e, sizeof e);
-        memcpy(os, o, sizeof o);
-        memcpy(ws, w, sizeof w);
-        memcpy(ls, l, sizeof l);
-    } else {
-        int64_t a[3] = {c->B, c->L, c->E}, b[3] = {c->B, c->S, c->E};
-        int64_t e[3] = {c->B, c->S, c->Ev}, o[3] = {c->B, c->L, c->Ev};
-        int64_t w[3] = {c->B, c->L, c->S}, l[2] = {c->B, c->L};
-        memcpy(qs, a, sizeof a);
-        memcpy(ks, b, sizeof b);
-        memcpy(vs, e, sizeof e);
-        memcpy(os, o, sizeof o);
-        memcpy(ws, w, sizeof w);
-        memcpy(ls, l, sizeof l);
-    }
-    tc_layout lay;
-    random_layout(r, &lay, c->rank, qs, 1);
-    tc_buf_alloc(&c->q, c->rank, qs, &lay, NAN);
-    tc_buf_fill_uniform(&c->q, r, -1.0, 1.0);
-    random_layout(r, &lay, c->rank, ks, 1);
-    tc_buf_alloc(&c->k, c->rank, ks, &lay, NAN);
-    tc_buf_fill_uniform(&c->k, r, -1.0, 1.0);
-    random_layout(r, &lay, c->rank, vs, 1);
-    tc_buf_alloc(&c->v, c->rank, vs, &lay, NAN);
-    tc_buf_fill_uniform(&c->v, r, -2.0, 2.0);
-    random_layout(r, &lay, c->rank, os, 0);
-    tc_buf_alloc_canary(&c->out, c->rank, os, &lay);
-
-    c->want_w = tc_rng_chance(r, 0.6);
-    c->want_lse = tc_rng_chance(r, 0.6);
-    if (c->want_w) {
-        random_layout(r, &lay, c->rank, ws, 0);
-        tc_buf_alloc_canary(&c->w, c->rank, ws, &lay);
-    }
-    if (c->want_lse) {
-        random_layout(r, &lay, c->rank - 1, ls, 0);
-        tc_buf_alloc_canary(&c->lse, c->rank - 1, ls, &lay);
-    }
-
-    sdpa_options *o = &c->opt;
-    sdpa_options_init(o);
-    ref_problem *p = &c->rp;
-    ref_problem_init(p);
-    p->B = c->B;
-    p->Hq = c->Hq;
-    p->Hkv = c->Hkv;
-    p->L = c->L;
-    p->S = c->S;
-    p->E = c->E;
-    p->Ev = c->Ev;
-
-    if (tc_rng_chance(r, 0.3)) {
-        o->scale = (float)tc_rng_uniform(r, 0.05, 1.5);
-        p->scale = o->scale;
-    }
-    if (tc_rng_chance(r, 0.3)) {
-        o->softcap = (float)tc_rng_uniform(r, 0.5, 5.0);
-        p->softcap = o->softcap;
-    }
-    const int64_t full[4] = {c->B, c->rank == 4 ? c->Hq : 1, c->L, c->S};
-    if (tc_rng_chance(r, 0.4)) {
-        c->has_bias = 1;
-        make_bias(c, r, full);
-        p->bias = &c->rbias;
-    }
-    if (tc_rng_chance(r, 0.45)) {
-        c->has_mask = 1;
-        make_mask(c, r, full);
-        o->allow_mask = &c->mask;
-        p->mask = &c->rmask;
-    }
-    int use_window = tc_rng_chance(r, 0.25);
-    if (tc_rng_chance(r, 0.35)) {
-        o->causal = p->causal = 1;
-    }
-    if (o->causal || use_window) {
-        o->alignment = p->alignment = (int)tc_rng_int(r, 0, 2);
-        if (o->alignment == SDPA_ALIGN_OFFSETS) {
-            for (int64_t b = 0; b < c->B; ++b) {
-                c->offsets[b] = tc_rng_int(r, -c->S, c->S);
-            }
-            o->query_offsets = p->query_offsets = c->offsets;
-        }
-    }
-    if (use_window) {
-        o->sliding_window = p->sliding_window = 1;
-        o->window_left = p->window_left = tc_rng_int(r, -1, c->S);
-        o->window_right = p->window_right = tc_rng_int(r, -1, c->S);
-    }
-    if (tc_rng_chance(r, 0.25)) {
-        for (int64_t b = 0; b < c->B; ++b) {
-            c->kl[b] = tc_rng_int(r, 0, c->S);
-        }
-        o->key_lengths = p->key_lengths = c->kl;
-    }
-    if (tc_rng_chance(r, 0.2)) {
-        for (int64_t b = 0; b < c->B; ++b) {
-            c->ql[b] = tc_rng_int(r, 0, c->L);
-        }
-        o->query_lengths = p->query_lengths = c->ql;
-    }
-    if (tc_rng_chance(r, 0.6)) {
-        o->empty_rows = SDPA_EMPTY_ROWS_ZERO;
-        p->empty_rows_zero = 1;
-    }
-    if (c->want_w) {
-        o->weights_stage = p->weights_stage = (int)tc_rng_int(r, 0, 3);
-    }
-    o->num_threads = (int32_t)tc_rng_int(r, 0, 3);
-    c->use_ws = tc_rng_chance(r, 0.3);
-    /* Drawn last so that the cases above stay what they were: window sides without
-     * sliding_window = 1 must change nothing, and skipping the scan of finite inputs too. */
-    if (!use_window && tc_rng_chance(r, 0.15)) {
-        o->window_left = p->window_left = tc_rng_int(r, 0, 2);
-        o->window_right = p->window_right = tc_rng_int(r, 0, 2);
-    }
-    if (tc_rng_chance(r, 0.1)) {
-        o->skip_finite_check = p->skip_finite_check = 1;
-    }
-
-    p->q = tc_buf_ref4(&c->q);
-    p->k = tc_buf_ref4(&c->k);
-    p->v = tc_buf_ref4(&c->v);
-    if (c->has_bias) {
-        c->rbias = tc_buf_ref_same_rank(&c->bias);
-    }
-    describe(c);
+    char label[64];
+    snprintf(label, sizeof label, "case %d seed %llu", index, (unsigned long long)seed);
+    tc_case_build(c, r, &g_params, label);
 }
 
-static void free_case(rcase *c)
+static void free_case(rcase *rc)
 {
-    tc_buf_free(&c->q);
-    tc_buf_free(&c->k);
-    tc_buf_free(&c->v);
-    tc_buf_free(&c->out);
-    if (c->want_w) {
-        tc_buf_free(&c->w);
-    }
-    if (c->want_lse) {
-        tc_buf_free(&c->lse);
-    }
-    if (c->has_bias) {
-        tc_buf_free(&c->bias);
-    }
-    free(c->mask_base);
-    free(c->ws);
-}
-
-/* Error of one element: exact match required where the reference is not finite or a
- * structural zero; otherwise relative to max(1, |ref|). Returns +inf on a hard mismatch. */
-static double elem_err(float got, double ref, int exact)
-{
-    if (!isfinite(ref) || exact) {
-        if (isnan(ref)) {
-            return isnan(got) ? 0.0 : INFINITY;
-        }
-        return ((double)got == ref) ? 0.0 : INFINITY;
-    }
-    if (!isfinite(got)) {
-        return INFINITY;
-    }
-    double scale = fabs(ref) > 1.0 ? fabs(ref) : 1.0;
-    return fabs((double)got - ref) / scale;
+    tc_case_free(&rc->t);
+    free(rc->ws);
 }
 
 static double g_max_err; /* largest error over all random cases (reported) */
@@ -558,32 +231,9 @@ static void note(cmp_state *s, double err, const char *what, int64_t b, int64_t 
     }
 }
 
-/* Element pointer of a rank-3/4 output view at (b, h, i, last). */
-static float out_elem(const rcase *c, const tc_buf *buf, int64_t b, int64_t h, int64_t i, int64_t last)
+static int run_case(rcase *rc)
 {
-    int64_t idx[4];
-    if (buf->rank == 4) {
-        idx[0] = b, idx[1] = h, idx[2] = i, idx[3] = last;
-    } else {
-        idx[0] = b, idx[1] = i, idx[2] = last;
-    }
-    (void)c;
-    return *tc_buf_fptr(buf, idx);
-}
-
-static float lse_elem(const rcase *c, int64_t b, int64_t h, int64_t i)
-{
-    int64_t idx[3];
-    if (c->lse.rank == 3) {
-        idx[0] = b, idx[1] = h, idx[2] = i;
-    } else {
-        idx[0] = b, idx[1] = i;
-    }
-    return *tc_buf_fptr(&c->lse, idx);
-}
-
-static int run_case(rcase *c)
-{
+    tc_case *c = &rc->t;
     const int64_t rows = c->B * c->Hq * c->L;
     double *rout = calloc((size_t)(rows * c->Ev + 1), sizeof(double));
     double *rw = calloc((size_t)(rows * c->S + 1), sizeof(double));
@@ -617,10 +267,10 @@ static int run_case(rcase *c)
             fail_msg("workspace_size returned %s (%s) on %s", sdpa_status_string(ss),
                      sdpa_last_error_message(), c->desc);
         }
-        c->ws = malloc(bytes ? bytes : 1);
-        assert_non_null(c->ws);
-        c->ws_bytes = bytes;
-        c->opt.workspace = c->ws;
+        rc->ws = malloc(bytes ? bytes : 1);
+        assert_non_null(rc->ws);
+        rc->ws_bytes = bytes;
+        c->opt.workspace = rc->ws;
         c->opt.workspace_bytes = bytes;
     }
 
@@ -661,13 +311,13 @@ static int run_case(rcase *c)
                 const int64_t row = (b * c->Hq + h) * c->L + i;
                 const int special = kind[row] != REF_ROW_NORMAL;
                 for (int64_t e = 0; e < c->Ev; ++e) {
-                    float g = out_elem(c, &c->out, b, h, i, e);
-                    note(&s, elem_err(g, rout[row * c->Ev + e], special), "out", b, h, i, e, g,
+                    float g = tc_case_at(&c->out, b, h, i, e);
+                    note(&s, tc_elem_err(g, rout[row * c->Ev + e], special), "out", b, h, i, e, g,
                          rout[row * c->Ev + e]);
                 }
                 if (c->want_lse) {
-                    float g = lse_elem(c, b, h, i);
-                    note(&s, elem_err(g, rlse[row], special), "lse", b, h, i, 0, g, rlse[row]);
+                    float g = tc_case_lse_at(c, b, h, i);
+                    note(&s, tc_elem_err(g, rlse[row], special), "lse", b, h, i, 0, g, rlse[row]);
                 }
                 if (c->want_w) {
                     /* Empty rows (ZERO policy): probabilities are zeros; SCORES / SOFTCAPPED
@@ -675,11 +325,11 @@ static int run_case(rcase *c)
                      * reading of "zero weights" for the score stages; see sdpa_ref.h). */
                     double sum = 0.0;
                     for (int64_t j = 0; j < c->S; ++j) {
-                        float g = out_elem(c, &c->w, b, h, i, j);
+                        float g = tc_case_at(&c->w, b, h, i, j);
                         double ref = rw[row * c->S + j];
                         int exact = kind[row] == REF_ROW_PADDING ||
                                     (c->opt.weights_stage == SDPA_WEIGHTS_PROBABILITIES && ref == 0.0);
-                        note(&s, elem_err(g, ref, exact), "weights", b, h, i, j, g, ref);
+                        note(&s, tc_elem_err(g, ref, exact), "weights", b, h, i, j, g, ref);
                         sum += g;
                     }
                     if (c->opt.weights_stage == SDPA_WEIGHTS_PROBABILITIES && kind[row] == REF_ROW_NORMAL &&
@@ -788,7 +438,7 @@ static void attention_random_configs_match_reference(void **state)
     assert_true(ok_expected > n_cases / 2 && empty_expected > n_cases / 50);
     char cov[2048] = "";
     for (int f = 0; f < COV_COUNT; ++f) {
-        append(cov, sizeof cov, "%s%s=%d", f ? ", " : "", cov_names[f], g_cov[f]);
+        tc_append(cov, sizeof cov, "%s%s=%d", f ? ", " : "", cov_names[f], g_cov[f]);
     }
     print_message("coverage: %s\n", cov);
     for (int f = 0; f < COV_COUNT; ++f) {

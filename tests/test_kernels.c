@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "test_case.h"
 #include "test_common.h"
 
 #define RTOL 2e-5 /* vs the float64 reference, relative to max(1, |ref|) */
@@ -111,19 +112,7 @@ static void check_kernel_name(const path *p, const char *what)
 /* ------------------------------------------------------------- cases */
 
 typedef struct kcase {
-    char desc[1536];
-    int rank;
-    int64_t B, Hq, Hkv, L, S, E, Ev;
-    tc_buf q, k, v, out, lse, bias;
-    int has_bias, has_mask;
-    uint8_t *mask_base;
-    sdpa_allow_mask mask;
-    ref_mask rmask;
-    ref_view rbias;
-    sdpa_tensor tbias;
-    int64_t offsets[4], kl[4], ql[4];
-    sdpa_options opt;
-    ref_problem rp;
+    tc_case t; /* the problem (shared generator, test_case.h) */
     /* float64 reference */
     double *rout, *rlse;
     uint8_t *kind;
@@ -132,60 +121,25 @@ typedef struct kcase {
     float *fout, *flse;
 } kcase;
 
-static int append(char *buf, size_t cap, const char *fmt, ...)
-{
-    size_t len = strlen(buf);
-    if (len >= cap) {
-        return 0;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf + len, cap - len, fmt, ap);
-    va_end(ap);
-    return n;
-}
-
-static void random_layout(tc_rng *r, tc_layout *lay, int rank, const int64_t *shape, int is_input, int bcast_ok)
-{
-    tc_layout_contiguous(lay, rank);
-    int kind = (int)tc_rng_int(r, 0, 3);
-    if (rank == 4 && kind == 1) {
-        lay->perm[1] = 2; /* BSHD storage of a [B, H, S, D] view */
-        lay->perm[2] = 1;
-    } else if (kind == 2) {
-        for (int i = rank - 1; i > 0; --i) {
-            int j = (int)tc_rng_int(r, 0, i);
-            int t = lay->perm[i];
-            lay->perm[i] = lay->perm[j];
-            lay->perm[j] = t;
-        }
-    }
-    for (int d = 0; d < rank; ++d) {
-        if (tc_rng_chance(r, 0.2)) {
-            lay->pad[d] = tc_rng_int(r, 1, 3);
-        }
-        if (is_input) {
-            if (bcast_ok && shape[d] > 1 && tc_rng_chance(r, 0.06)) {
-                lay->bcast[d] = 1;
-            } else if (tc_rng_chance(r, 0.1)) {
-                lay->reverse[d] = 1;
-            }
-        }
-    }
-}
-
-static void describe_view(char *d, size_t cap, const char *name, const tc_buf *b)
-{
-    append(d, cap, " %s[", name);
-    for (int i = 0; i < b->rank; ++i) {
-        append(d, cap, "%s%lld", i ? "," : "", (long long)b->shape[i]);
-    }
-    append(d, cap, "]/(");
-    for (int i = 0; i < b->rank; ++i) {
-        append(d, cap, "%s%lld", i ? "," : "", (long long)b->strides[i]);
-    }
-    append(d, cap, ")");
-}
+/* Features of these cases: ranges sized for the tiles of the tiled kernel, lse always, no
+ * weights (the kernels do not produce them), masks with every tile class. */
+static const tc_case_params g_params = {
+    .qk_range = 1.5,
+    .bcast_p = 0.06,
+    .weights_p = 0.0,
+    .lse_p = 1.0,
+    .softcap_p = 0.25,
+    .bias_p = 0.3,
+    .bias_neginf_p = 0.1,
+    .bias_neginf_dense_p = 0.3,
+    .mask_p = 0.4,
+    .mask_tiles = 1,
+    .causal_p = 0.4,
+    .offset_lo_div = 2,
+    .window_right_div = 2,
+    .zero_rows_p = 0.8,
+    .run_opts = 0,
+};
 
 /* Shapes: 0 = random. Features (masks, bias, lengths, ...) are drawn from the seed. */
 typedef struct dims {
@@ -194,11 +148,12 @@ typedef struct dims {
     int no_bcast; /* no stride-0 input axes (tests that poison single rows) */
 } dims;
 
-static void gen_case(kcase *c, uint64_t seed, const dims *want)
+static void gen_case(kcase *kc, uint64_t seed, const dims *want)
 {
     tc_rng rng, *r = &rng;
     tc_rng_seed(r, seed);
-    memset(c, 0, sizeof *c);
+    memset(kc, 0, sizeof *kc);
+    tc_case *c = &kc->t;
     c->rank = want->rank ? want->rank : (tc_rng_chance(r, 0.25) ? 3 : 4);
     c->B = want->B ? want->B : tc_rng_int(r, 1, 2);
     if (c->rank == 4) {
@@ -212,216 +167,28 @@ static void gen_case(kcase *c, uint64_t seed, const dims *want)
     c->E = want->E ? want->E : tc_rng_int(r, 1, 72);
     c->Ev = want->Ev ? want->Ev : (tc_rng_chance(r, 0.5) ? c->E : tc_rng_int(r, 1, 72));
 
-    int64_t qs[4], ks[4], vs[4], os[4], ls[3];
-    if (c->rank == 4) {
-        int64_t a[4] = {c->B, c->Hq, c->L, c->E}, b[4] = {c->B, c->Hkv, c->S, c->E};
-        int64_t e[4] = {c->B, c->Hkv, c->S, c->Ev}, o[4] = {c->B, c->Hq, c->L, c->Ev};
-        int64_t l[3] = {c->B, c->Hq, c->L};
-        memcpy(qs, a, sizeof a);
-        memcpy(ks, b, sizeof b);
-        memcpy(vs, e, sizeof e);
-        memcpy(os, o, sizeof o);
-        memcpy(ls, l, sizeof l);
-    } else {
-        int64_t a[3] = {c->B, c->L, c->E}, b[3] = {c->B, c->S, c->E};
-        int64_t e[3] = {c->B, c->S, c->Ev}, o[3] = {c->B, c->L, c->Ev};
-        int64_t l[2] = {c->B, c->L};
-        memcpy(qs, a, sizeof a);
-        memcpy(ks, b, sizeof b);
-        memcpy(vs, e, sizeof e);
-        memcpy(os, o, sizeof o);
-        memcpy(ls, l, sizeof l);
+    tc_case_params params = g_params;
+    if (want->no_bcast) {
+        params.bcast_p = 0.0;
     }
-    tc_layout lay;
-    const int bc = !want->no_bcast;
-    random_layout(r, &lay, c->rank, qs, 1, bc);
-    tc_buf_alloc(&c->q, c->rank, qs, &lay, NAN);
-    tc_buf_fill_uniform(&c->q, r, -1.5, 1.5);
-    random_layout(r, &lay, c->rank, ks, 1, bc);
-    tc_buf_alloc(&c->k, c->rank, ks, &lay, NAN);
-    tc_buf_fill_uniform(&c->k, r, -1.5, 1.5);
-    random_layout(r, &lay, c->rank, vs, 1, bc);
-    tc_buf_alloc(&c->v, c->rank, vs, &lay, NAN);
-    tc_buf_fill_uniform(&c->v, r, -2.0, 2.0);
-    random_layout(r, &lay, c->rank, os, 0, 0);
-    tc_buf_alloc_canary(&c->out, c->rank, os, &lay);
-    random_layout(r, &lay, c->rank - 1, ls, 0, 0);
-    tc_buf_alloc_canary(&c->lse, c->rank - 1, ls, &lay);
-
-    sdpa_options *o = &c->opt;
-    sdpa_options_init(o);
-    ref_problem *p = &c->rp;
-    ref_problem_init(p);
-    p->B = c->B;
-    p->Hq = c->Hq;
-    p->Hkv = c->Hkv;
-    p->L = c->L;
-    p->S = c->S;
-    p->E = c->E;
-    p->Ev = c->Ev;
-    if (tc_rng_chance(r, 0.3)) {
-        o->scale = (float)tc_rng_uniform(r, 0.05, 1.5);
-        p->scale = o->scale;
-    }
-    if (tc_rng_chance(r, 0.25)) {
-        o->softcap = (float)tc_rng_uniform(r, 0.5, 5.0);
-        p->softcap = o->softcap;
-    }
-    const int64_t full[4] = {c->B, c->rank == 4 ? c->Hq : 1, c->L, c->S};
-    if (tc_rng_chance(r, 0.3)) { /* bias of random rank, broadcast, with -inf entries */
-        c->has_bias = 1;
-        int br = (int)tc_rng_int(r, 1, 4);
-        int64_t shape[4];
-        for (int d = 0; d < br; ++d) {
-            shape[d] = tc_rng_chance(r, 0.35) ? 1 : full[4 - br + d];
-        }
-        random_layout(r, &lay, br, shape, 1, bc);
-        tc_buf_alloc(&c->bias, br, shape, &lay, NAN);
-        tc_buf_fill_uniform(&c->bias, r, -2.0, 2.0);
-        int64_t idx[4] = {0};
-        const double pinf = tc_rng_chance(r, 0.3) ? 0.6 : 0.1;
-        do {
-            if (tc_rng_chance(r, pinf)) {
-                tc_buf_set(&c->bias, idx, -INFINITY);
-            }
-        } while (tc_index_next(br, shape, idx));
-        c->rbias = tc_buf_ref_same_rank(&c->bias);
-        c->tbias = tc_buf_view(&c->bias);
-        o->bias = &c->tbias;
-        p->bias = &c->rbias;
-    }
-    if (tc_rng_chance(r, 0.4)) { /* allow-mask of random rank, broadcast shapes and strides */
-        c->has_mask = 1;
-        int mr = (int)tc_rng_int(r, 1, 4);
-        memset(&c->mask, 0, sizeof c->mask);
-        c->mask.rank = mr;
-        int stride0[4] = {0};
-        for (int d = 0; d < mr; ++d) {
-            c->mask.shape[d] = tc_rng_chance(r, 0.35) ? 1 : full[4 - mr + d];
-            stride0[d] = c->mask.shape[d] > 1 && tc_rng_chance(r, 0.15);
-        }
-        int64_t running = 1;
-        for (int d = mr - 1; d >= 0; --d) {
-            if (stride0[d]) {
-                c->mask.strides[d] = 0;
-                continue;
-            }
-            c->mask.strides[d] = running;
-            running *= c->mask.shape[d] > 0 ? c->mask.shape[d] : 1;
-        }
-        c->mask_base = malloc((size_t)running);
-        assert_non_null(c->mask_base);
-        /* Sparse or dense masks, and whole blocked runs, so tiles of every class occur. */
-        const double p0 = tc_rng_chance(r, 0.3) ? 0.85 : 0.2;
-        for (int64_t e = 0; e < running; ++e) {
-            c->mask_base[e] = tc_rng_chance(r, p0) ? 0 : (uint8_t)tc_rng_int(r, 1, 255);
-        }
-        if (running > 80 && tc_rng_chance(r, 0.5)) {
-            int64_t s = tc_rng_int(r, 0, running - 70);
-            memset(c->mask_base + s, tc_rng_chance(r, 0.5) ? 0 : 1, 70);
-        }
-        c->mask.data = c->mask_base;
-        memset(&c->rmask, 0, sizeof c->rmask);
-        c->rmask.data = c->mask_base;
-        c->rmask.rank = mr;
-        for (int d = 0; d < mr; ++d) {
-            c->rmask.shape[d] = c->mask.shape[d];
-            c->rmask.strides[d] = c->mask.strides[d];
-        }
-        o->allow_mask = &c->mask;
-        p->mask = &c->rmask;
-    }
-    int use_window = tc_rng_chance(r, 0.25);
-    if (tc_rng_chance(r, 0.4)) {
-        o->causal = p->causal = 1;
-    }
-    if (o->causal || use_window) {
-        o->alignment = p->alignment = (int)tc_rng_int(r, 0, 2);
-        if (o->alignment == SDPA_ALIGN_OFFSETS) {
-            for (int64_t b = 0; b < c->B; ++b) {
-                c->offsets[b] = tc_rng_int(r, -c->S / 2, c->S);
-            }
-            o->query_offsets = p->query_offsets = c->offsets;
-        }
-    }
-    if (use_window) {
-        o->sliding_window = p->sliding_window = 1;
-        o->window_left = p->window_left = tc_rng_int(r, -1, c->S);
-        o->window_right = p->window_right = tc_rng_int(r, -1, c->S / 2);
-    }
-    if (tc_rng_chance(r, 0.25)) {
-        for (int64_t b = 0; b < c->B; ++b) {
-            c->kl[b] = tc_rng_int(r, 0, c->S);
-        }
-        o->key_lengths = p->key_lengths = c->kl;
-    }
-    if (tc_rng_chance(r, 0.2)) {
-        for (int64_t b = 0; b < c->B; ++b) {
-            c->ql[b] = tc_rng_int(r, 0, c->L);
-        }
-        o->query_lengths = p->query_lengths = c->ql;
-    }
-    if (tc_rng_chance(r, 0.8)) {
-        o->empty_rows = SDPA_EMPTY_ROWS_ZERO;
-        p->empty_rows_zero = 1;
-    }
-    if (tc_rng_chance(r, 0.1)) {
-        o->skip_finite_check = p->skip_finite_check = 1;
-    }
-    p->q = tc_buf_ref4(&c->q);
-    p->k = tc_buf_ref4(&c->k);
-    p->v = tc_buf_ref4(&c->v);
-
-    char *d = c->desc;
-    const size_t cap = sizeof c->desc;
-    d[0] = '\0';
-    append(d, cap, "seed %llu: rank %d B=%lld Hq=%lld Hkv=%lld L=%lld S=%lld E=%lld Ev=%lld",
-           (unsigned long long)seed, c->rank, (long long)c->B, (long long)c->Hq, (long long)c->Hkv,
-           (long long)c->L, (long long)c->S, (long long)c->E, (long long)c->Ev);
-    describe_view(d, cap, "q", &c->q);
-    describe_view(d, cap, "k", &c->k);
-    describe_view(d, cap, "v", &c->v);
-    append(d, cap, " scale=%g softcap=%g causal=%d align=%d window=%d(%lld,%lld) zero_rows=%d skip_finite=%d",
-           (double)o->scale, (double)o->softcap, o->causal, o->alignment, o->sliding_window,
-           (long long)o->window_left, (long long)o->window_right, o->empty_rows, o->skip_finite_check);
-    if (c->has_bias) {
-        describe_view(d, cap, "bias", &c->bias);
-    }
-    if (c->has_mask) {
-        append(d, cap, " mask rank %d", c->mask.rank);
-    }
-    if (o->key_lengths) {
-        append(d, cap, " key_lengths=%lld,..", (long long)c->kl[0]);
-    }
-    if (o->query_lengths) {
-        append(d, cap, " query_lengths=%lld,..", (long long)c->ql[0]);
-    }
-    if (o->alignment == SDPA_ALIGN_OFFSETS) {
-        append(d, cap, " offsets=%lld,..", (long long)c->offsets[0]);
-    }
+    char label[48];
+    snprintf(label, sizeof label, "seed %llu", (unsigned long long)seed);
+    tc_case_build(c, r, &params, label);
 
     const int64_t rows = c->B * c->Hq * c->L;
-    c->rout = calloc((size_t)(rows * c->Ev + 1), sizeof(double));
-    c->rlse = calloc((size_t)(rows + 1), sizeof(double));
-    c->kind = calloc((size_t)(rows + 1), 1);
-    c->fout = calloc((size_t)(rows * c->Ev + 1), sizeof(float));
-    c->flse = calloc((size_t)(rows + 1), sizeof(float));
-    assert_true(c->rout && c->rlse && c->kind && c->fout && c->flse);
-    ref_report rep = ref_attention(&c->rp, c->rout, NULL, c->rlse, c->kind);
-    c->ref_status = rep.status;
+    kc->rout = calloc((size_t)(rows * c->Ev + 1), sizeof(double));
+    kc->rlse = calloc((size_t)(rows + 1), sizeof(double));
+    kc->kind = calloc((size_t)(rows + 1), 1);
+    kc->fout = calloc((size_t)(rows * c->Ev + 1), sizeof(float));
+    kc->flse = calloc((size_t)(rows + 1), sizeof(float));
+    assert_true(kc->rout && kc->rlse && kc->kind && kc->fout && kc->flse);
+    ref_report rep = ref_attention(&c->rp, kc->rout, NULL, kc->rlse, kc->kind);
+    kc->ref_status = rep.status;
 }
 
 static void free_case(kcase *c)
 {
-    tc_buf_free(&c->q);
-    tc_buf_free(&c->k);
-    tc_buf_free(&c->v);
-    tc_buf_free(&c->out);
-    tc_buf_free(&c->lse);
-    if (c->has_bias) {
-        tc_buf_free(&c->bias);
-    }
-    free(c->mask_base);
+    tc_case_free(&c->t);
     free(c->rout);
     free(c->rlse);
     free(c->kind);
@@ -429,84 +196,46 @@ static void free_case(kcase *c)
     free(c->flse);
 }
 
-static float buf_at(const tc_buf *buf, int64_t b, int64_t h, int64_t i, int64_t last)
-{
-    int64_t idx[4];
-    if (buf->rank == 4) {
-        idx[0] = b, idx[1] = h, idx[2] = i, idx[3] = last;
-    } else {
-        idx[0] = b, idx[1] = i, idx[2] = last;
-    }
-    return *tc_buf_fptr(buf, idx);
-}
-
-static float lse_at(const kcase *c, int64_t b, int64_t h, int64_t i)
-{
-    int64_t idx[3];
-    if (c->lse.rank == 3) {
-        idx[0] = b, idx[1] = h, idx[2] = i;
-    } else {
-        idx[0] = b, idx[1] = i;
-    }
-    return *tc_buf_fptr(&c->lse, idx);
-}
-
 /* Run one path; returns the status. On SDPA_OK the outputs are copied into fout / flse and the
  * kernel name and the untouched holes of the output views are checked. On failure nothing may
  * have been written. */
 static sdpa_status run_path(kcase *c, const path *pt, int threads, int with_lse)
 {
-    sdpa_tensor tq = tc_buf_view(&c->q), tk = tc_buf_view(&c->k), tv = tc_buf_view(&c->v);
-    sdpa_tensor to = tc_buf_view(&c->out), tl = tc_buf_view(&c->lse);
-    tc_fill_canary(c->out.fbase, c->out.n * sizeof(float));
-    tc_fill_canary(c->lse.fbase, c->lse.n * sizeof(float));
-    c->opt.kernel = pt->kernel;
-    c->opt.num_threads = threads;
+    sdpa_tensor tq = tc_buf_view(&c->t.q), tk = tc_buf_view(&c->t.k), tv = tc_buf_view(&c->t.v);
+    sdpa_tensor to = tc_buf_view(&c->t.out), tl = tc_buf_view(&c->t.lse);
+    tc_fill_canary(c->t.out.fbase, c->t.out.n * sizeof(float));
+    tc_fill_canary(c->t.lse.fbase, c->t.lse.n * sizeof(float));
+    c->t.opt.kernel = pt->kernel;
+    c->t.opt.num_threads = threads;
     set_isa(pt->isa);
-    sdpa_status st = sdpa_attention(&tq, &tk, &tv, &c->opt, &to, NULL, with_lse ? &tl : NULL);
+    sdpa_status st = sdpa_attention(&tq, &tk, &tv, &c->t.opt, &to, NULL, with_lse ? &tl : NULL);
     set_isa(NULL);
     if (st != SDPA_OK) {
-        if (!tc_buf_all_canary(&c->out) || !tc_buf_all_canary(&c->lse)) {
+        if (!tc_buf_all_canary(&c->t.out) || !tc_buf_all_canary(&c->t.lse)) {
             fail_msg("%s: output written although the call failed (%s) on %s", path_desc(pt), sdpa_status_string(st),
-                     c->desc);
+                     c->t.desc);
         }
         return st;
     }
-    check_kernel_name(pt, c->desc);
-    if (!tc_buf_holes_intact(&c->out) || !tc_buf_holes_intact(&c->lse)) {
-        fail_msg("%s: write outside the output view on %s", path_desc(pt), c->desc);
+    check_kernel_name(pt, c->t.desc);
+    if (!tc_buf_holes_intact(&c->t.out) || !tc_buf_holes_intact(&c->t.lse)) {
+        fail_msg("%s: write outside the output view on %s", path_desc(pt), c->t.desc);
     }
-    if (!with_lse && !tc_buf_all_canary(&c->lse)) {
-        fail_msg("%s: lse written although not requested on %s", path_desc(pt), c->desc);
+    if (!with_lse && !tc_buf_all_canary(&c->t.lse)) {
+        fail_msg("%s: lse written although not requested on %s", path_desc(pt), c->t.desc);
     }
-    for (int64_t b = 0; b < c->B; ++b) {
-        for (int64_t h = 0; h < c->Hq; ++h) {
-            for (int64_t i = 0; i < c->L; ++i) {
-                const int64_t row = (b * c->Hq + h) * c->L + i;
-                for (int64_t e = 0; e < c->Ev; ++e) {
-                    c->fout[row * c->Ev + e] = buf_at(&c->out, b, h, i, e);
+    for (int64_t b = 0; b < c->t.B; ++b) {
+        for (int64_t h = 0; h < c->t.Hq; ++h) {
+            for (int64_t i = 0; i < c->t.L; ++i) {
+                const int64_t row = (b * c->t.Hq + h) * c->t.L + i;
+                for (int64_t e = 0; e < c->t.Ev; ++e) {
+                    c->fout[row * c->t.Ev + e] = tc_case_at(&c->t.out, b, h, i, e);
                 }
-                c->flse[row] = with_lse ? lse_at(c, b, h, i) : 0.0f;
+                c->flse[row] = with_lse ? tc_case_lse_at(&c->t, b, h, i) : 0.0f;
             }
         }
     }
     return SDPA_OK;
-}
-
-/* Error of one element: exact where the reference is not finite or the row is padding/empty. */
-static double elem_err(float got, double ref, int exact)
-{
-    if (!isfinite(ref) || exact) {
-        if (isnan(ref)) {
-            return isnan(got) ? 0.0 : INFINITY;
-        }
-        return ((double)got == ref) ? 0.0 : INFINITY;
-    }
-    if (!isfinite(got)) {
-        return INFINITY;
-    }
-    double scale = fabs(ref) > 1.0 ? fabs(ref) : 1.0;
-    return fabs((double)got - ref) / scale;
 }
 
 static double g_max_err;
@@ -516,22 +245,22 @@ static void compare_ref(const kcase *c, const path *pt)
 {
     double worst = 0.0;
     char where[160] = "";
-    const int64_t rows = c->B * c->Hq * c->L;
+    const int64_t rows = c->t.B * c->t.Hq * c->t.L;
     for (int64_t row = 0; row < rows; ++row) {
         const int special = c->kind[row] != REF_ROW_NORMAL;
-        for (int64_t e = 0; e <= c->Ev; ++e) {
-            const float got = e < c->Ev ? c->fout[row * c->Ev + e] : c->flse[row];
-            const double ref = e < c->Ev ? c->rout[row * c->Ev + e] : c->rlse[row];
-            const double err = elem_err(got, ref, special);
+        for (int64_t e = 0; e <= c->t.Ev; ++e) {
+            const float got = e < c->t.Ev ? c->fout[row * c->t.Ev + e] : c->flse[row];
+            const double ref = e < c->t.Ev ? c->rout[row * c->t.Ev + e] : c->rlse[row];
+            const double err = tc_elem_err(got, ref, special);
             if (err > worst || (isinf(err) && !isinf(worst))) {
                 worst = err;
-                snprintf(where, sizeof where, "%s row %lld col %lld: got %.9g ref %.9g", e < c->Ev ? "out" : "lse",
+                snprintf(where, sizeof where, "%s row %lld col %lld: got %.9g ref %.9g", e < c->t.Ev ? "out" : "lse",
                          (long long)row, (long long)e, (double)got, ref);
             }
         }
     }
     if (!(worst <= RTOL)) {
-        fail_msg("%s: error %.3g > %.1g at %s on %s", path_desc(pt), worst, RTOL, where, c->desc);
+        fail_msg("%s: error %.3g > %.1g at %s on %s", path_desc(pt), worst, RTOL, where, c->t.desc);
     }
     if (worst > g_max_err) {
         g_max_err = worst;
@@ -547,12 +276,12 @@ static void check_all_paths(kcase *c, int threads)
         sdpa_status st = run_path(c, pt, threads, 1);
         if (c->ref_status == REF_EMPTY_ROW) {
             if (st != SDPA_ERR_EMPTY_ROW) {
-                fail_msg("%s: expected SDPA_ERR_EMPTY_ROW, got %s on %s", path_desc(pt), sdpa_status_string(st), c->desc);
+                fail_msg("%s: expected SDPA_ERR_EMPTY_ROW, got %s on %s", path_desc(pt), sdpa_status_string(st), c->t.desc);
             }
             continue;
         }
         if (st != SDPA_OK) {
-            fail_msg("%s: %s (%s) on %s", path_desc(pt), sdpa_status_string(st), sdpa_last_error_message(), c->desc);
+            fail_msg("%s: %s (%s) on %s", path_desc(pt), sdpa_status_string(st), sdpa_last_error_message(), c->t.desc);
         }
         compare_ref(c, pt);
     }
@@ -637,15 +366,15 @@ static void kernels_random_configs_match_reference(void **state)
         } else {
             ++ok;
         }
-        cov_mask += c.has_mask;
-        cov_bias += c.has_bias;
-        cov_gqa += c.Hq > c.Hkv;
-        cov_causal += c.opt.causal;
-        cov_window += c.opt.sliding_window;
-        cov_kl += c.opt.key_lengths != NULL;
-        cov_ql += c.opt.query_lengths != NULL;
-        cov_softcap += c.opt.softcap > 0.0f;
-        cov_strided += c.k.strides[c.rank - 1] != 1 || c.q.strides[c.rank - 1] != 1 || c.v.strides[c.rank - 1] != 1;
+        cov_mask += c.t.has_mask;
+        cov_bias += c.t.has_bias;
+        cov_gqa += c.t.Hq > c.t.Hkv;
+        cov_causal += c.t.opt.causal;
+        cov_window += c.t.opt.sliding_window;
+        cov_kl += c.t.opt.key_lengths != NULL;
+        cov_ql += c.t.opt.query_lengths != NULL;
+        cov_softcap += c.t.opt.softcap > 0.0f;
+        cov_strided += c.t.k.strides[c.t.rank - 1] != 1 || c.t.q.strides[c.t.rank - 1] != 1 || c.t.v.strides[c.t.rank - 1] != 1;
         free_case(&c);
     }
     print_message("random: %d ok, %d EMPTY_ROW on every path; mask %d bias %d gqa %d causal %d window %d key_lengths %d "
@@ -666,67 +395,67 @@ static void kernels_each_mask_kind_matches_reference(void **state)
         kcase c;
         /* Random data and layouts; then exactly one rule. */
         gen_case(&c, 77u + (uint64_t)kind, &d);
-        c.opt.allow_mask = NULL;
-        c.rp.mask = NULL;
-        c.opt.bias = NULL;
-        c.rp.bias = NULL;
-        c.opt.softcap = 0.0f;
-        c.rp.softcap = 0.0;
-        c.opt.causal = c.rp.causal = 0;
-        c.opt.sliding_window = c.rp.sliding_window = 0;
-        c.opt.alignment = c.rp.alignment = 0;
-        c.opt.key_lengths = c.rp.key_lengths = NULL;
-        c.opt.query_lengths = c.rp.query_lengths = NULL;
-        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
-        c.rp.empty_rows_zero = 1;
+        c.t.opt.allow_mask = NULL;
+        c.t.rp.mask = NULL;
+        c.t.opt.bias = NULL;
+        c.t.rp.bias = NULL;
+        c.t.opt.softcap = 0.0f;
+        c.t.rp.softcap = 0.0;
+        c.t.opt.causal = c.t.rp.causal = 0;
+        c.t.opt.sliding_window = c.t.rp.sliding_window = 0;
+        c.t.opt.alignment = c.t.rp.alignment = 0;
+        c.t.opt.key_lengths = c.t.rp.key_lengths = NULL;
+        c.t.opt.query_lengths = c.t.rp.query_lengths = NULL;
+        c.t.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        c.t.rp.empty_rows_zero = 1;
         switch (kind) {
-        case 0: c.opt.causal = c.rp.causal = 1; break;
-        case 1: c.opt.causal = c.rp.causal = 1; c.opt.alignment = c.rp.alignment = SDPA_ALIGN_BOTTOM_RIGHT; break;
+        case 0: c.t.opt.causal = c.t.rp.causal = 1; break;
+        case 1: c.t.opt.causal = c.t.rp.causal = 1; c.t.opt.alignment = c.t.rp.alignment = SDPA_ALIGN_BOTTOM_RIGHT; break;
         case 2:
-            c.opt.causal = c.rp.causal = 1;
-            c.opt.alignment = c.rp.alignment = SDPA_ALIGN_OFFSETS;
-            c.offsets[0] = -70;
-            c.offsets[1] = 90;
-            c.opt.query_offsets = c.rp.query_offsets = c.offsets;
+            c.t.opt.causal = c.t.rp.causal = 1;
+            c.t.opt.alignment = c.t.rp.alignment = SDPA_ALIGN_OFFSETS;
+            c.t.offsets[0] = -70;
+            c.t.offsets[1] = 90;
+            c.t.opt.query_offsets = c.t.rp.query_offsets = c.t.offsets;
             break;
         case 3:
-            c.opt.sliding_window = c.rp.sliding_window = 1;
-            c.opt.window_left = c.rp.window_left = 40;
-            c.opt.window_right = c.rp.window_right = 0;
-            c.opt.causal = c.rp.causal = 1;
+            c.t.opt.sliding_window = c.t.rp.sliding_window = 1;
+            c.t.opt.window_left = c.t.rp.window_left = 40;
+            c.t.opt.window_right = c.t.rp.window_right = 0;
+            c.t.opt.causal = c.t.rp.causal = 1;
             break;
         case 4:
-            c.opt.sliding_window = c.rp.sliding_window = 1;
-            c.opt.window_left = c.rp.window_left = 5;
-            c.opt.window_right = c.rp.window_right = 70;
+            c.t.opt.sliding_window = c.t.rp.sliding_window = 1;
+            c.t.opt.window_left = c.t.rp.window_left = 5;
+            c.t.opt.window_right = c.t.rp.window_right = 70;
             break;
         case 5:
-            c.kl[0] = 100;
-            c.kl[1] = 0;
-            c.opt.key_lengths = c.rp.key_lengths = c.kl;
+            c.t.kl[0] = 100;
+            c.t.kl[1] = 0;
+            c.t.opt.key_lengths = c.t.rp.key_lengths = c.t.kl;
             break;
         case 6:
-            c.ql[0] = 65;
-            c.ql[1] = 3;
-            c.opt.query_lengths = c.rp.query_lengths = c.ql;
+            c.t.ql[0] = 65;
+            c.t.ql[1] = 3;
+            c.t.opt.query_lengths = c.t.rp.query_lengths = c.t.ql;
             break;
         case 7:
-            c.ql[0] = 100;
-            c.ql[1] = 150;
-            c.kl[0] = 150;
-            c.kl[1] = 64;
-            c.opt.query_lengths = c.rp.query_lengths = c.ql;
-            c.opt.key_lengths = c.rp.key_lengths = c.kl;
-            c.opt.causal = c.rp.causal = 1;
-            c.opt.alignment = c.rp.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+            c.t.ql[0] = 100;
+            c.t.ql[1] = 150;
+            c.t.kl[0] = 150;
+            c.t.kl[1] = 64;
+            c.t.opt.query_lengths = c.t.rp.query_lengths = c.t.ql;
+            c.t.opt.key_lengths = c.t.rp.key_lengths = c.t.kl;
+            c.t.opt.causal = c.t.rp.causal = 1;
+            c.t.opt.alignment = c.t.rp.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
             break;
         default: /* every row of the first block sees nothing: empty rows under ZERO */
-            c.kl[0] = 0;
-            c.kl[1] = 1;
-            c.opt.key_lengths = c.rp.key_lengths = c.kl;
+            c.t.kl[0] = 0;
+            c.t.kl[1] = 1;
+            c.t.opt.key_lengths = c.t.rp.key_lengths = c.t.kl;
             break;
         }
-        ref_report rep = ref_attention(&c.rp, c.rout, NULL, c.rlse, c.kind);
+        ref_report rep = ref_attention(&c.t.rp, c.rout, NULL, c.rlse, c.kind);
         c.ref_status = rep.status;
         check_all_paths(&c, kind % 3 + 1);
         free_case(&c);
@@ -748,9 +477,9 @@ static void kernels_thread_count_is_bit_identical(void **state)
         kcase c;
         gen_case(&c, 900u + (uint64_t)s, &shapes[s]);
         if (c.ref_status == REF_EMPTY_ROW) {
-            c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+            c.t.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
         }
-        const int64_t nout = c.B * c.Hq * c.L * c.Ev, nl = c.B * c.Hq * c.L;
+        const int64_t nout = c.t.B * c.t.Hq * c.t.L * c.t.Ev, nl = c.t.B * c.t.Hq * c.t.L;
         float *o1 = malloc((size_t)(nout + 1) * sizeof(float)), *l1 = malloc((size_t)(nl + 1) * sizeof(float));
         assert_true(o1 && l1);
         for (int k = 0; k < N_PATHS; ++k) {
@@ -758,7 +487,7 @@ static void kernels_thread_count_is_bit_identical(void **state)
             for (int t = 0; t < 4; ++t) {
                 sdpa_status st = run_path(&c, pt, threads[t], 1);
                 if (st != SDPA_OK) {
-                    fail_msg("%s threads %d: %s on %s", path_desc(pt), threads[t], sdpa_status_string(st), c.desc);
+                    fail_msg("%s threads %d: %s on %s", path_desc(pt), threads[t], sdpa_status_string(st), c.t.desc);
                 }
                 if (s == 1 && pt->kernel == SDPA_KERNEL_DECODE && strstr(sdpa_last_kernel(), "decode-split-") == NULL) {
                     fail_msg("expected a split decode, got %s", sdpa_last_kernel());
@@ -768,7 +497,7 @@ static void kernels_thread_count_is_bit_identical(void **state)
                     memcpy(l1, c.flse, (size_t)nl * sizeof(float));
                 } else if (memcmp(o1, c.fout, (size_t)nout * sizeof(float)) != 0 ||
                            memcmp(l1, c.flse, (size_t)nl * sizeof(float)) != 0) {
-                    fail_msg("%s: %d threads differ from 1 thread on %s", path_desc(pt), threads[t], c.desc);
+                    fail_msg("%s: %d threads differ from 1 thread on %s", path_desc(pt), threads[t], c.t.desc);
                 }
             }
         }
@@ -801,7 +530,7 @@ static void kernels_decode_split_matches_reference(void **state)
             }
             if (st != SDPA_OK) {
                 fail_msg("%s: %s (%s) on %s", path_desc(&g_paths[k]), sdpa_status_string(st), sdpa_last_error_message(),
-                         c.desc);
+                         c.t.desc);
             }
             split += strstr(sdpa_last_kernel(), "-split-") != NULL;
             compare_ref(&c, &g_paths[k]);
@@ -915,73 +644,73 @@ static void kernels_nan_in_blocked_kv_does_not_leak(void **state)
         kcase c;
         gen_case(&c, 42u, &d);
         /* Fresh, fully controlled options: key lengths, a masked column, a -inf bias column. */
-        sdpa_options_init(&c.opt);
-        ref_problem_init(&c.rp);
-        c.rp.B = c.B, c.rp.Hq = c.Hq, c.rp.Hkv = c.Hkv, c.rp.L = c.L, c.rp.S = c.S, c.rp.E = c.E, c.rp.Ev = c.Ev;
-        c.rp.q = tc_buf_ref4(&c.q);
-        c.rp.k = tc_buf_ref4(&c.k);
-        c.rp.v = tc_buf_ref4(&c.v);
-        c.kl[0] = c.S - 40;
-        c.opt.key_lengths = c.rp.key_lengths = c.kl;
+        sdpa_options_init(&c.t.opt);
+        ref_problem_init(&c.t.rp);
+        c.t.rp.B = c.t.B, c.t.rp.Hq = c.t.Hq, c.t.rp.Hkv = c.t.Hkv, c.t.rp.L = c.t.L, c.t.rp.S = c.t.S, c.t.rp.E = c.t.E, c.t.rp.Ev = c.t.Ev;
+        c.t.rp.q = tc_buf_ref4(&c.t.q);
+        c.t.rp.k = tc_buf_ref4(&c.t.k);
+        c.t.rp.v = tc_buf_ref4(&c.t.v);
+        c.t.kl[0] = c.t.S - 40;
+        c.t.opt.key_lengths = c.t.rp.key_lengths = c.t.kl;
         if (variant % 2 == 1) {
-            c.opt.causal = c.rp.causal = 1;
-            c.opt.alignment = c.rp.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
-            c.opt.sliding_window = c.rp.sliding_window = 1;
-            c.opt.window_left = c.rp.window_left = 100;
-            c.opt.window_right = c.rp.window_right = 0;
+            c.t.opt.causal = c.t.rp.causal = 1;
+            c.t.opt.alignment = c.t.rp.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+            c.t.opt.sliding_window = c.t.rp.sliding_window = 1;
+            c.t.opt.window_left = c.t.rp.window_left = 100;
+            c.t.opt.window_right = c.t.rp.window_right = 0;
         }
-        free(c.mask_base);
-        c.mask_base = malloc((size_t)c.S);
-        assert_non_null(c.mask_base);
-        memset(c.mask_base, 1, (size_t)c.S);
-        c.mask_base[10] = 0;
+        free(c.t.mask_base);
+        c.t.mask_base = malloc((size_t)c.t.S);
+        assert_non_null(c.t.mask_base);
+        memset(c.t.mask_base, 1, (size_t)c.t.S);
+        c.t.mask_base[10] = 0;
         for (int64_t j = 64; j < 128; ++j) { /* a whole tile of keys nobody may attend */
-            c.mask_base[j] = 0;
+            c.t.mask_base[j] = 0;
         }
-        c.mask = tc_mask_view(c.mask_base, 1, &c.S);
-        c.rmask.data = c.mask_base;
-        c.rmask.rank = 1;
-        c.rmask.shape[0] = c.S;
-        c.rmask.strides[0] = 1;
-        c.opt.allow_mask = &c.mask;
-        c.rp.mask = &c.rmask;
-        if (c.has_bias) {
-            tc_buf_free(&c.bias);
+        c.t.mask = tc_mask_view(c.t.mask_base, 1, &c.t.S);
+        c.t.rmask.data = c.t.mask_base;
+        c.t.rmask.rank = 1;
+        c.t.rmask.shape[0] = c.t.S;
+        c.t.rmask.strides[0] = 1;
+        c.t.opt.allow_mask = &c.t.mask;
+        c.t.rp.mask = &c.t.rmask;
+        if (c.t.has_bias) {
+            tc_buf_free(&c.t.bias);
         }
-        int64_t bshape[1] = {c.S};
-        tc_buf_alloc(&c.bias, 1, bshape, NULL, NAN);
+        int64_t bshape[1] = {c.t.S};
+        tc_buf_alloc(&c.t.bias, 1, bshape, NULL, NAN);
         tc_rng br;
         tc_rng_seed(&br, 7);
-        tc_buf_fill_uniform(&c.bias, &br, -0.5, 0.5);
+        tc_buf_fill_uniform(&c.t.bias, &br, -0.5, 0.5);
         int64_t bj[1] = {20};
-        tc_buf_set(&c.bias, bj, -INFINITY);
-        c.has_bias = 1;
-        c.rbias = tc_buf_ref_same_rank(&c.bias);
-        c.tbias = tc_buf_view(&c.bias);
-        c.opt.bias = &c.tbias;
-        c.rp.bias = &c.rbias;
-        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
-        c.rp.empty_rows_zero = 1;
-        c.opt.skip_finite_check = c.rp.skip_finite_check = variant >= 2;
+        tc_buf_set(&c.t.bias, bj, -INFINITY);
+        c.t.has_bias = 1;
+        c.t.rbias = tc_buf_ref_same_rank(&c.t.bias);
+        c.t.tbias = tc_buf_view(&c.t.bias);
+        c.t.opt.bias = &c.t.tbias;
+        c.t.rp.bias = &c.t.rbias;
+        c.t.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        c.t.rp.empty_rows_zero = 1;
+        c.t.opt.skip_finite_check = c.t.rp.skip_finite_check = variant >= 2;
         /* Poison every K/V row that no query may attend; with the window, rows too old too. */
-        for (int64_t j = 0; j < c.S; ++j) {
+        for (int64_t j = 0; j < c.t.S; ++j) {
             int reach = 0;
-            for (int64_t i = 0; i < c.L && !reach; ++i) {
-                reach = ref_structurally_allowed(&c.rp, 0, 0, i, j) && j != 20;
+            for (int64_t i = 0; i < c.t.L && !reach; ++i) {
+                reach = ref_structurally_allowed(&c.t.rp, 0, 0, i, j) && j != 20;
             }
             if (reach) {
                 continue;
             }
-            for (int64_t e = 0; e < c.E; ++e) {
+            for (int64_t e = 0; e < c.t.E; ++e) {
                 int64_t idx[4] = {0, 0, j, e};
-                tc_buf_set(&c.k, idx, NAN);
+                tc_buf_set(&c.t.k, idx, NAN);
             }
-            for (int64_t e = 0; e < c.Ev; ++e) {
+            for (int64_t e = 0; e < c.t.Ev; ++e) {
                 int64_t idx[4] = {0, 0, j, e};
-                tc_buf_set(&c.v, idx, variant % 2 ? INFINITY : NAN);
+                tc_buf_set(&c.t.v, idx, variant % 2 ? INFINITY : NAN);
             }
         }
-        ref_report rep = ref_attention(&c.rp, c.rout, NULL, c.rlse, c.kind);
+        ref_report rep = ref_attention(&c.t.rp, c.rout, NULL, c.rlse, c.kind);
         c.ref_status = rep.status;
         assert_int_equal(rep.status, REF_OK);
         for (int k = 0; k < N_PATHS; ++k) {
@@ -990,7 +719,7 @@ static void kernels_nan_in_blocked_kv_does_not_leak(void **state)
                 fail_msg("NaN variant %d on %s: %s (%s)", variant, path_desc(&g_paths[k]), sdpa_status_string(st),
                          sdpa_last_error_message());
             }
-            for (int64_t x = 0; x < c.B * c.Hq * c.L * c.Ev; ++x) {
+            for (int64_t x = 0; x < c.t.B * c.t.Hq * c.t.L * c.t.Ev; ++x) {
                 if (!isfinite(c.fout[x])) {
                     fail_msg("NaN variant %d on %s leaked into out[%lld]", variant, path_desc(&g_paths[k]), (long long)x);
                 }
@@ -1010,10 +739,10 @@ static void kernels_nonfinite_attended_row_fails_alike(void **state)
         dims d = {4, 1, 4, 2, which < 2 ? 1 : TILE + 3, 200, 16, 16, 1};
         kcase c;
         gen_case(&c, 4242u, &d);
-        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
-        c.opt.skip_finite_check = 0;
+        c.t.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        c.t.opt.skip_finite_check = 0;
         int64_t idx[4] = {0, 1, 150, 3};
-        tc_buf_set(which % 2 ? &c.v : &c.k, idx, NAN);
+        tc_buf_set(which % 2 ? &c.t.v : &c.t.k, idx, NAN);
         char first[512] = "";
         for (int k = 0; k < N_PATHS; ++k) {
             sdpa_status st = run_path(&c, &g_paths[k], 2, 1);
@@ -1026,12 +755,12 @@ static void kernels_nonfinite_attended_row_fails_alike(void **state)
             char now[512];
             snprintf(now, sizeof now, "%s|%s", sdpa_status_string(st), st == SDPA_OK ? "" : sdpa_last_error_message());
             if (strcmp(now, first) != 0) {
-                fail_msg("%s: \"%s\" but the reference path gave \"%s\" on %s", path_desc(&g_paths[k]), now, first, c.desc);
+                fail_msg("%s: \"%s\" but the reference path gave \"%s\" on %s", path_desc(&g_paths[k]), now, first, c.t.desc);
             }
         }
         /* With plain options the poisoned row is attended: the error is certain. */
-        sdpa_options_init(&c.opt);
-        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        sdpa_options_init(&c.t.opt);
+        c.t.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
         for (int k = 0; k < N_PATHS; ++k) {
             sdpa_status st = run_path(&c, &g_paths[k], 3, 1);
             assert_int_equal(st, SDPA_ERR_NON_FINITE);
@@ -1201,18 +930,18 @@ static void kernels_workspace_does_not_grow_with_l_times_s(void **state)
         dims d = {4, 1, 4, 2, TILE + 9, 2 * TILE + 3, 20, 12, 0};
         kcase c;
         gen_case(&c, 31u, &d);
-        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
-        c.opt.kernel = g_paths[kk].kernel;
-        c.opt.num_threads = 3;
-        sdpa_tensor tq = tc_buf_view(&c.q), tk = tc_buf_view(&c.k), tv = tc_buf_view(&c.v);
+        c.t.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        c.t.opt.kernel = g_paths[kk].kernel;
+        c.t.opt.num_threads = 3;
+        sdpa_tensor tq = tc_buf_view(&c.t.q), tk = tc_buf_view(&c.t.k), tv = tc_buf_view(&c.t.v);
         size_t bytes = 0;
-        assert_int_equal(sdpa_attention_workspace_size(&tq, &tk, &tv, &c.opt, 0, &bytes), SDPA_OK);
+        assert_int_equal(sdpa_attention_workspace_size(&tq, &tk, &tv, &c.t.opt, 0, &bytes), SDPA_OK);
         unsigned char *ws = malloc(bytes + 1);
         assert_non_null(ws);
-        c.opt.workspace = ws + 1; /* any alignment */
-        c.opt.workspace_bytes = bytes - 1;
+        c.t.opt.workspace = ws + 1; /* any alignment */
+        c.t.opt.workspace_bytes = bytes - 1;
         assert_int_equal(run_path(&c, &g_paths[kk], 3, 1), SDPA_ERR_WORKSPACE_TOO_SMALL);
-        c.opt.workspace_bytes = bytes;
+        c.t.opt.workspace_bytes = bytes;
         assert_int_equal(run_path(&c, &g_paths[kk], 3, 1), SDPA_OK);
         compare_ref(&c, &g_paths[kk]);
         free(ws);
@@ -1267,11 +996,11 @@ static void kernels_auto_picks_the_path_by_shape(void **state)
         dims d = {4, cases[t].B, cases[t].H, cases[t].H, cases[t].L, cases[t].S, 16, 16, 0};
         kcase c;
         gen_case(&c, 55u, &d);
-        c.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        c.t.opt.empty_rows = SDPA_EMPTY_ROWS_ZERO;
         const path autop = {SDPA_KERNEL_AUTO, NULL};
-        sdpa_tensor tq = tc_buf_view(&c.q), tk = tc_buf_view(&c.k), tv = tc_buf_view(&c.v), to = tc_buf_view(&c.out);
-        c.opt.kernel = autop.kernel;
-        assert_int_equal(sdpa_attention(&tq, &tk, &tv, &c.opt, &to, NULL, NULL), SDPA_OK);
+        sdpa_tensor tq = tc_buf_view(&c.t.q), tk = tc_buf_view(&c.t.k), tv = tc_buf_view(&c.t.v), to = tc_buf_view(&c.t.out);
+        c.t.opt.kernel = autop.kernel;
+        assert_int_equal(sdpa_attention(&tq, &tk, &tv, &c.t.opt, &to, NULL, NULL), SDPA_OK);
         if (strncmp(sdpa_last_kernel(), cases[t].prefix, strlen(cases[t].prefix)) != 0) {
             fail_msg("AUTO on B=%lld H=%lld L=%lld S=%lld ran \"%s\", expected \"%s...\"", (long long)cases[t].B,
                      (long long)cases[t].H, (long long)cases[t].L, (long long)cases[t].S, sdpa_last_kernel(),

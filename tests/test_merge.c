@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "test_case.h"
 #include "test_common.h"
 
 /* A strided view built by hand (the constructors only make contiguous ones). */
@@ -124,25 +125,7 @@ typedef struct split_case {
 static void shapes_of(const split_cfg *c, int64_t Hq, int64_t Hkv, int64_t S, int64_t *qs, int64_t *ks,
                       int64_t *vs, int64_t *os, int64_t *ls)
 {
-    if (c->rank == 4) {
-        const int64_t a[4] = {c->B, Hq, c->L, c->E}, b[4] = {c->B, Hkv, S, c->E};
-        const int64_t e[4] = {c->B, Hkv, S, c->Ev}, o[4] = {c->B, Hq, c->L, c->Ev};
-        const int64_t l[3] = {c->B, Hq, c->L};
-        memcpy(qs, a, sizeof a);
-        memcpy(ks, b, sizeof b);
-        memcpy(vs, e, sizeof e);
-        memcpy(os, o, sizeof o);
-        memcpy(ls, l, sizeof l);
-    } else {
-        const int64_t a[3] = {c->B, c->L, c->E}, b[3] = {c->B, S, c->E};
-        const int64_t e[3] = {c->B, S, c->Ev}, o[3] = {c->B, c->L, c->Ev};
-        const int64_t l[2] = {c->B, c->L};
-        memcpy(qs, a, sizeof a);
-        memcpy(ks, b, sizeof b);
-        memcpy(vs, e, sizeof e);
-        memcpy(os, o, sizeof o);
-        memcpy(ls, l, sizeof l);
-    }
+    tc_attention_shapes(c->rank, c->B, Hq, Hkv, c->L, S, c->E, c->Ev, qs, ks, vs, os, NULL, ls);
 }
 
 /* Options of the full call. */
