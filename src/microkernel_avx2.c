@@ -356,8 +356,10 @@ AI void transpose8(__m256 *r) {
     r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-void sdpa__avx2_pack_lanes(const float *x, ptrdiff_t rs, int64_t nrows, int64_t ncols, float scale, float *t,
-                           int64_t ld) {
+/* t[c * ld + r] = scale * x[r * rs + c] for r < nrows, c < ncols: a block transpose in 8x8
+ * register tiles. Packing Q into lanes and unpacking the output are both this transpose. */
+static void transpose_scaled(const float *x, ptrdiff_t rs, int64_t nrows, int64_t ncols, float scale, float *t,
+                             ptrdiff_t ld) {
     const __m256 sc = _mm256_set1_ps(scale);
     int64_t r0 = 0;
     for (; r0 + 8 <= nrows; r0 += 8) {
@@ -379,25 +381,14 @@ void sdpa__avx2_pack_lanes(const float *x, ptrdiff_t rs, int64_t nrows, int64_t 
             t[c * ld + r0] = scale * x[r0 * rs + c];
 }
 
+void sdpa__avx2_pack_lanes(const float *x, ptrdiff_t rs, int64_t nrows, int64_t ncols, float scale, float *t,
+                           int64_t ld) {
+    transpose_scaled(x, rs, nrows, ncols, scale, t, (ptrdiff_t)ld);
+}
+
+/* x[r * rs + c] = t[c * ld + r]: the same transpose the other way (scale 1 is exact). */
 void sdpa__avx2_unpack_lanes(const float *t, int64_t ld, int64_t nrows, int64_t ncols, float *x, ptrdiff_t rs) {
-    int64_t r0 = 0;
-    for (; r0 + 8 <= nrows; r0 += 8) {
-        int64_t c0 = 0;
-        for (; c0 + 8 <= ncols; c0 += 8) {
-            __m256 v[8];
-            for (int u = 0; u < 8; ++u)
-                v[u] = _mm256_loadu_ps(t + (c0 + u) * ld + r0);
-            transpose8(v);
-            for (int u = 0; u < 8; ++u)
-                _mm256_storeu_ps(x + (r0 + u) * rs + c0, v[u]);
-        }
-        for (; c0 < ncols; ++c0)
-            for (int64_t r = r0; r < r0 + 8; ++r)
-                x[r * rs + c0] = t[c0 * ld + r];
-    }
-    for (; r0 < nrows; ++r0)
-        for (int64_t c = 0; c < ncols; ++c)
-            x[r0 * rs + c] = t[c * ld + r0];
+    transpose_scaled(t, (ptrdiff_t)ld, ncols, nrows, 1.0f, x, rs);
 }
 
 const sdpa__mk sdpa__mk_avx2 = {
