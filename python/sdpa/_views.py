@@ -10,6 +10,7 @@ a byte-swapped float32), a stride that is not a whole number of elements, or a m
 buffer raises SdpaDtypeError / SdpaShapeError instead of being converted silently; convert it
 yourself (``np.asarray(x, dtype=np.float32)``) if a copy is what you want.
 """
+import ctypes
 import numbers
 import operator
 
@@ -91,6 +92,27 @@ def mask_view(array, name):
     return m
 
 
+def is_additive(mask, name):
+    """True when a mask array is additive (floating point); such a mask must be float32 and
+    another float dtype raises SdpaDtypeError. False for a bool/integer mask."""
+    if mask.dtype.kind != "f":
+        return False
+    if mask.dtype != F32:
+        raise py_error("SDPA_ERR_DTYPE", f"a float {name} must be float32, got {mask.dtype}")
+    return True
+
+
+def attach_view(opt, field, make_view, array, name):
+    """Sets the pointer field `field` of the options struct `opt` to a view make_view(array,
+    name) (tensor_view or mask_view) and returns the view, which the caller keeps alive for
+    the library call; leaves the field alone and returns None when array is None."""
+    if array is None:
+        return None
+    view = make_view(array, name)
+    setattr(opt, field, ctypes.addressof(view))
+    return view
+
+
 _INT64_MIN, _INT64_MAX = -2 ** 63, 2 ** 63 - 1
 
 
@@ -133,6 +155,17 @@ def int64_vector(values, length, name):
             raise py_error("SDPA_ERR_INVALID_ARGUMENT",
                            f"{name} does not fit in int64 ({name} holds {value!r})")
     return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def attach_vector(opt, field, values, length, name):
+    """Sets the pointer field `field` of the options struct `opt` to int64_vector(values,
+    length, name) and returns that array, which the caller keeps alive for the library call;
+    leaves the field alone and returns None when values is None."""
+    if values is None:
+        return None
+    array = int64_vector(values, length, name)
+    setattr(opt, field, address(array))
+    return array
 
 
 def integer(value, name):

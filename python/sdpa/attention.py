@@ -5,8 +5,8 @@ import numpy as np
 
 from . import _lib
 from ._errors import py_error
-from ._views import (address, choice, int32, int64, int64_vector, mask_view, real, tensor_view,
-                     uint64)
+from ._views import (attach_vector, attach_view, choice, int32, int64, is_additive, mask_view,
+                     real, tensor_view, uint64)
 
 __all__ = ["scaled_dot_product_attention", "merge", "last_kernel", "ALIGNMENTS", "EMPTY_ROWS",
            "WEIGHTS_STAGES", "KERNELS"]
@@ -175,10 +175,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
         if not isinstance(attn_mask, np.ndarray):
             raise TypeError("attn_mask must be a numpy.ndarray (bool/uint8 = allow, "
                             "float32 = additive)")
-        if attn_mask.dtype.kind == "f":
-            if attn_mask.dtype != np.float32:
-                raise py_error("SDPA_ERR_DTYPE",
-                               f"a float attn_mask must be float32, got {attn_mask.dtype}")
+        if is_additive(attn_mask, "attn_mask"):
             bias_arr = _head_axis(attn_mask, qnd)
         else:
             mask_arr = _head_axis(attn_mask, qnd)
@@ -191,25 +188,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
         else:
             tensor_view(b, "bias")  # dtype/rank errors before combining
             bias_arr = np.add(bias_arr, b, dtype=np.float32)
-    tmask = tbias = None
-    if mask_arr is not None:
-        tmask = mask_view(mask_arr, "attn_mask")
-        opt.allow_mask = ctypes.addressof(tmask)
-    if bias_arr is not None:
-        tbias = tensor_view(bias_arr, "bias")
-        opt.bias = ctypes.addressof(tbias)
+    tmask = attach_view(opt, "allow_mask", mask_view, mask_arr, "attn_mask")
+    tbias = attach_view(opt, "bias", tensor_view, bias_arr, "bias")
 
     batch = query.shape[0]
-    kl = ql = qo = None
-    if key_lengths is not None:
-        kl = int64_vector(key_lengths, batch, "key_lengths")
-        opt.key_lengths = address(kl)
-    if query_lengths is not None:
-        ql = int64_vector(query_lengths, batch, "query_lengths")
-        opt.query_lengths = address(ql)
-    if query_offsets is not None:
-        qo = int64_vector(query_offsets, batch, "query_offsets")
-        opt.query_offsets = address(qo)
+    kl = attach_vector(opt, "key_lengths", key_lengths, batch, "key_lengths")
+    ql = attach_vector(opt, "query_lengths", query_lengths, batch, "query_lengths")
+    qo = attach_vector(opt, "query_offsets", query_offsets, batch, "query_offsets")
 
     win = _window(window)
     if win is not None:

@@ -136,6 +136,13 @@ def _flat_input(array, dtype, name):
     return np.ascontiguousarray(array, dtype=dtype)
 
 
+def _convert(lib, func, flat, out, *args):
+    """Runs the element-wise converter func(src, n, *args, dst) of libsdpa over the flat.size
+    values of `flat` into `out` (same size) and returns `out`."""
+    lib.check(func(address(flat), flat.size, *args, address(out)))
+    return out
+
+
 def allow_from_ignore(ignore):
     """Allow-mask from an IGNORE mask (True/nonzero = do not attend: nn.MultiheadAttention
     key_padding_mask and bool attn_mask, torch.triu(ones, 1)): out = (ignore == 0).
@@ -150,9 +157,7 @@ def allow_from_ignore(ignore):
         raise py_error("SDPA_ERR_DTYPE",
                        f"an ignore mask must be bool or integer, got {src.dtype} (a float mask "
                        "is additive: allow_from_additive())")
-    out = _alloc_bool(src.shape)
-    lib.check(lib.sdpa_mask_from_ignore(address(flat), flat.size, address(out)))
-    return out
+    return _convert(lib, lib.sdpa_mask_from_ignore, flat, _alloc_bool(src.shape))
 
 
 def allow_from_keep_int(keep):
@@ -171,9 +176,7 @@ def allow_from_keep_int(keep):
         raise py_error("SDPA_ERR_INVALID_ARGUMENT",
                        f"allow_from_keep_int: keep[{bad}]={src.reshape(-1)[bad]!r} is neither 0 nor 1 "
                        "(lengths instead of a mask? see padding_allow_mask())")
-    out = _alloc_bool(src.shape)
-    lib.check(lib.sdpa_mask_from_keep_int(address(flat), flat.size, address(out)))
-    return out
+    return _convert(lib, lib.sdpa_mask_from_keep_int, flat, _alloc_bool(src.shape))
 
 
 def allow_from_additive(additive, threshold=None):
@@ -189,11 +192,8 @@ def allow_from_additive(additive, threshold=None):
     thr = None
     if threshold is not None:
         thr = ctypes.c_float(real(threshold, "threshold"))
-    out = _alloc_bool(src.shape)
-    lib.check(lib.sdpa_mask_from_additive(address(flat), flat.size,
-                                          None if thr is None else ctypes.addressof(thr),
-                                          address(out)))
-    return out
+    return _convert(lib, lib.sdpa_mask_from_additive, flat, _alloc_bool(src.shape),
+                    None if thr is None else ctypes.addressof(thr))
 
 
 def allow_to_additive(allow):
@@ -204,9 +204,7 @@ def allow_to_additive(allow):
     if src.dtype != np.bool_ and src.dtype != np.uint8:
         raise py_error("SDPA_ERR_DTYPE", f"an allow-mask must be bool or uint8, got {src.dtype}")
     flat = _flat_input(src, src.dtype, "allow")
-    out = np.empty(src.shape, dtype=np.float32)
-    lib.check(lib.sdpa_mask_to_additive(address(flat), flat.size, address(out)))
-    return out
+    return _convert(lib, lib.sdpa_mask_to_additive, flat, np.empty(src.shape, dtype=np.float32))
 
 
 def count_empty_rows(allow, return_first=False):

@@ -6,8 +6,8 @@ import numpy as np
 
 from . import _lib
 from ._errors import py_error
-from ._views import (address, choice, int32, int64_vector, integer, mask_view, real, split_axis,
-                     tensor_view, uint64)
+from ._views import (attach_vector, attach_view, choice, int32, integer, is_additive, mask_view,
+                     real, split_axis, tensor_view, uint64)
 from .attention import EMPTY_ROWS
 from .masks import allow_from_ignore
 
@@ -301,10 +301,7 @@ class MultiheadAttention:
             if not isinstance(kpm, np.ndarray):
                 raise TypeError("key_padding_mask must be a numpy.ndarray")
             _check_mask_dtype(kpm, "key_padding_mask")
-            if kpm.dtype.kind == "f":
-                if kpm.dtype != np.float32:
-                    raise py_error("SDPA_ERR_DTYPE",
-                                   f"a float key_padding_mask must be float32, got {kpm.dtype}")
+            if is_additive(kpm, "key_padding_mask"):
                 if kpm.ndim != 2:
                     raise py_error("SDPA_ERR_SHAPE",
                                    f"key_padding_mask has shape {kpm.shape}, expected [B, S]")
@@ -329,30 +326,15 @@ class MultiheadAttention:
             elif am.ndim != 2:
                 raise py_error("SDPA_ERR_RANK",
                                f"attn_mask.ndim={am.ndim}, expected 2 ([L, S]) or 3 ([B*H, L, S])")
-            if am.dtype.kind == "f":
-                if am.dtype != np.float32:
-                    raise py_error("SDPA_ERR_DTYPE",
-                                   f"a float attn_mask must be float32, got {am.dtype}")
+            if is_additive(am, "attn_mask"):
                 bias_arr = am if bias_arr is None else np.add(bias_arr, am, dtype=np.float32)
             else:
                 allow_mask = allow_from_ignore(am)
-        tmask = tkpm = tbias = None
-        if allow_mask is not None:
-            tmask = mask_view(allow_mask, "attn_mask")
-            opt.attn_mask = ctypes.addressof(tmask)
-        if kpm_allow is not None:
-            tkpm = mask_view(kpm_allow, "key_padding_mask")
-            opt.key_padding_mask = ctypes.addressof(tkpm)
-        if bias_arr is not None:
-            tbias = tensor_view(bias_arr, "attn_bias")
-            opt.attn_bias = ctypes.addressof(tbias)
-        kl = ql = None
-        if key_lengths is not None:
-            kl = int64_vector(key_lengths, B, "key_lengths")
-            opt.key_lengths = address(kl)
-        if query_lengths is not None:
-            ql = int64_vector(query_lengths, B, "query_lengths")
-            opt.query_lengths = address(ql)
+        tmask = attach_view(opt, "attn_mask", mask_view, allow_mask, "attn_mask")
+        tkpm = attach_view(opt, "key_padding_mask", mask_view, kpm_allow, "key_padding_mask")
+        tbias = attach_view(opt, "attn_bias", tensor_view, bias_arr, "attn_bias")
+        kl = attach_vector(opt, "key_lengths", key_lengths, B, "key_lengths")
+        ql = attach_vector(opt, "query_lengths", query_lengths, B, "query_lengths")
         opt.causal = 1 if is_causal else 0
         opt.per_head_weights = 0 if average_attn_weights else 1
         # dropout_p goes to the library as set, in eval mode too: it rejects a value outside
