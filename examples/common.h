@@ -12,6 +12,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <sdpa.h>
 
@@ -33,6 +34,21 @@ static inline void check_library_version(void)
                 SDPA_VERSION_STRING);
         exit(EXIT_FAILURE);
     }
+}
+
+/* A rank-4 float32 view with explicit element strides, for layouts the constructors do not
+ * make (a slice of a KV cache, BSHD storage). Unused shape/stride entries and reserved[] are 0. */
+static inline sdpa_tensor view4(float *data, int64_t d0, int64_t d1, int64_t d2, int64_t d3, int64_t s0,
+                                int64_t s1, int64_t s2, int64_t s3)
+{
+    sdpa_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = SDPA_DTYPE_F32;
+    t.rank = 4;
+    t.shape[0] = d0, t.shape[1] = d1, t.shape[2] = d2, t.shape[3] = d3;
+    t.strides[0] = s0, t.strides[1] = s1, t.strides[2] = s2, t.strides[3] = s3;
+    return t;
 }
 
 #endif /* SDPA_EXAMPLES_COMMON_H */

@@ -17,20 +17,6 @@
 
 enum { B = 1, H = 2, T = 6, T_MAX = 8, E = 4, EV = 3 };
 
-/* A strided rank-4 float32 view (element strides), for layouts the constructors do not make. */
-static sdpa_tensor view4(float *data, int64_t d0, int64_t d1, int64_t d2, int64_t d3,
-                         int64_t s0, int64_t s1, int64_t s2, int64_t s3)
-{
-    sdpa_tensor t;
-    memset(&t, 0, sizeof t); /* unused shape/stride entries and reserved[] must be 0 */
-    t.data = data;
-    t.dtype = SDPA_DTYPE_F32;
-    t.rank = 4;
-    t.shape[0] = d0, t.shape[1] = d1, t.shape[2] = d2, t.shape[3] = d3;
-    t.strides[0] = s0, t.strides[1] = s1, t.strides[2] = s2, t.strides[3] = s3;
-    return t;
-}
-
 static float next_value(uint32_t *state) /* deterministic, in [-1, 1) */
 {
     *state = *state * 1664525u + 1013904223u;

@@ -30,20 +30,6 @@ static float next_value(uint32_t *state) /* deterministic, in [-1, 1) */
     return (float)(*state >> 8) / (float)(1u << 23) - 1.0f;
 }
 
-/* A rank-4 float32 view with explicit element strides (for slices of the cache). */
-static sdpa_tensor view4(float *data, int64_t d0, int64_t d1, int64_t d2, int64_t d3, int64_t s0, int64_t s1,
-                         int64_t s2, int64_t s3)
-{
-    sdpa_tensor t;
-    memset(&t, 0, sizeof t); /* unused shape/stride entries and reserved[] must be 0 */
-    t.data = data;
-    t.dtype = SDPA_DTYPE_F32;
-    t.rank = 4;
-    t.shape[0] = d0, t.shape[1] = d1, t.shape[2] = d2, t.shape[3] = d3;
-    t.strides[0] = s0, t.strides[1] = s1, t.strides[2] = s2, t.strides[3] = s3;
-    return t;
-}
-
 int main(void)
 {
     /* Queries of the N new tokens (GQA: 4 query heads share 2 kv heads); the cache of T tokens. */
