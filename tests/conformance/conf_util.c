@@ -224,6 +224,16 @@ int conf_json_int(const cJSON *item, int64_t lo, int64_t hi, int64_t *out)
     return 0;
 }
 
+int conf_same_shape(int rank_a, const int64_t *shape_a, int rank_b, const int64_t *shape_b)
+{
+    if (rank_a != rank_b)
+        return 0;
+    for (int d = 0; d < rank_a; d++)
+        if (shape_a[d] != shape_b[d])
+            return 0;
+    return 1;
+}
+
 int64_t conf_numel(const int64_t *shape, int rank)
 {
     int64_t n = 1;

@@ -41,6 +41,9 @@ int conf_json_int(const cJSON *item, int64_t lo, int64_t hi, int64_t *out);
 /* Product of shape[0..rank) with an overflow / negative check; -1 on error. */
 int64_t conf_numel(const int64_t *shape, int rank);
 
+/* Whether a shape (rank_a, shape_a) equals (rank_b, shape_b). */
+int conf_same_shape(int rank_a, const int64_t *shape_a, int rank_b, const int64_t *shape_b);
+
 /* Read a JSON array of up to max_rank integer sizes >= 0. Returns the rank or -1. */
 int conf_json_shape(const cJSON *arr, int64_t *shape, int max_rank);
 

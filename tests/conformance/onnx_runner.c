@@ -117,6 +117,15 @@ static int is_little_endian(void)
     return b == 1;
 }
 
+/* A malloc'd copy of size bytes (at least one byte allocated); NULL on allocation failure. */
+static void *dup_bytes(const void *src, size_t size)
+{
+    void *p = malloc(size ? size : 1);
+    if (p)
+        memcpy(p, src, size);
+    return p;
+}
+
 /* Load one input/output description of meta.json. Returns 0 or -1 with err. */
 static int load_array(const char *case_dir, const cJSON *desc, array *a, int *any_f16, char *err,
                       size_t errlen)
@@ -183,21 +192,15 @@ static int load_array(const char *case_dir, const cJSON *desc, array *a, int *an
         free(bytes);
         return -1;
     }
-    size_t nbytes = size ? size : 1;
     int rc = 0;
     switch (a->dtype) {
     case DT_F32:
     case DT_F16:
-        a->f = malloc(nbytes);
-        if (a->f)
-            memcpy(a->f, bytes, size);
-        else
+        if (!(a->f = dup_bytes(bytes, size)))
             rc = -1;
         break;
     case DT_BOOL:
-        a->u8 = malloc(nbytes);
-        if (a->u8) {
-            memcpy(a->u8, bytes, size);
+        if ((a->u8 = dup_bytes(bytes, size)) != NULL) {
             for (int64_t i = 0; i < a->n; i++) {
                 if (a->u8[i] > 1) {
                     snprintf(err, errlen, "bool file %s holds byte %u", fname, a->u8[i]);
@@ -210,10 +213,7 @@ static int load_array(const char *case_dir, const cJSON *desc, array *a, int *an
         }
         break;
     default:
-        a->i64 = malloc(nbytes);
-        if (a->i64)
-            memcpy(a->i64, bytes, size);
-        else
+        if (!(a->i64 = dup_bytes(bytes, size)))
             rc = -1;
         break;
     }
@@ -376,12 +376,21 @@ static float *concat_seq(const float *past, int64_t P, const sdpa_tensor *cur)
 
 static int shape_is(const array *a, int rank, const int64_t *shape)
 {
-    if (a->rank != rank)
-        return 0;
-    for (int d = 0; d < rank; d++)
-        if (a->shape[d] != shape[d])
-            return 0;
-    return 1;
+    return conf_same_shape(a->rank, a->shape, rank, shape);
+}
+
+/* A buffer for n floats, all NaN: anything the call does not write stays NaN and fails the
+ * comparison. NULL with err on allocation failure. */
+static float *alloc_nan(int64_t n, char *err, size_t errlen)
+{
+    float *p = malloc((size_t)(n ? n : 1) * sizeof(float));
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++)
+        p[i] = NAN;
+    return p;
 }
 
 static void shape_str(char *buf, size_t len, const int64_t *shape, int rank)
@@ -681,13 +690,8 @@ static int run_case(const char *case_dir, const char *name)
         snprintf(err, sizeof err, "expected Y has an unexpected shape");
         goto fail_err;
     }
-    y_buf = malloc((size_t)(EY->n ? EY->n : 1) * sizeof(float));
-    if (!y_buf) {
-        snprintf(err, sizeof err, "out of memory");
+    if (!(y_buf = alloc_nan(EY->n, err, sizeof err)))
         goto fail_err;
-    }
-    for (int64_t i = 0; i < EY->n; i++)
-        y_buf[i] = NAN; /* canary: anything not written stays NaN and fails */
     make_bhsd_view(&yv, y_buf, is3d, B, Hq, Sq, Dv);
 
     const sdpa_tensor *weights = NULL;
@@ -698,13 +702,8 @@ static int run_case(const char *case_dir, const char *name)
             snprintf(err, sizeof err, "expected qk_matmul_output has an unexpected shape");
             goto fail_err;
         }
-        w_buf = malloc((size_t)(EW->n ? EW->n : 1) * sizeof(float));
-        if (!w_buf) {
-            snprintf(err, sizeof err, "out of memory");
+        if (!(w_buf = alloc_nan(EW->n, err, sizeof err)))
             goto fail_err;
-        }
-        for (int64_t i = 0; i < EW->n; i++)
-            w_buf[i] = NAN;
         const int64_t wst[4] = {Hq * Sq * T, Sq * T, T, 1};
         make_view4(&wv, w_buf, w4, wst);
         weights = &wv;
