@@ -485,8 +485,13 @@ def main():
 
     combined = combine(bench_rows, torch_rows, threads)
     write_csv(os.path.join(args.out_dir, "combined.csv"), COMBINED_FIELDS, combined)
-    if not args.no_plot:
+    try:
         import plot
+        import matplotlib  # noqa: F401  (plot.py imports it lazily)
+    except ImportError as e:
+        log(f"# plot not drawn: {e}")
+        args.no_plot = True
+    if not args.no_plot:
         plot.plot(f32_native(bench_rows), [r for r in torch_rows if (r.get("dtype") or "f32") == "f32"],
                   os.path.join(args.out_dir, "gflops.png"), threads)
     import targets as issue9

@@ -258,6 +258,12 @@ def targets_issue9(bench_rows, torch_rows=None, n2=2, prev_allowance=PREV_ALLOWA
             continue
         for s in R.shapes(isa):
             f32_ms = R.ms(s["name"], "auto", "f32", n2, isa)
+            prev_ms = R.ms(s["name"], "prev-0.3:auto", "f32", n2, isa)
+            if R.get(s["name"], "prev-0.3:auto", "f32", n2, isa) is not None:
+                add(f"ISA {isa} f32 vs 0.3 {s['name']} ({n2}t): auto ours / 0.3",
+                    f32_ms / prev_ms if f32_ms and prev_ms else None, "<=", round(1 + prev_allowance, 3),
+                    f"ours {fmt(f32_ms, '.4f')} ms ({R.kernel(s['name'], 'auto', 'f32', n2, isa)}), 0.3 "
+                    f"{fmt(prev_ms, '.4f')} ms ({R.kernel(s['name'], 'prev-0.3:auto', 'f32', n2, isa)})")
             for dt in ("bf16", "f16kv", "bf16kv"):
                 r = R.get(s["name"], "auto", dt, n2, isa)
                 if r is None:
