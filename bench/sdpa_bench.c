@@ -350,9 +350,9 @@ typedef struct candidate {
  * 0.3's struct ends with the 0.2 fields kernel and reserved0 (int32 each). The fields the bench
  * sets (causal, num_threads, kernel) sit at the same offsets in every later header. */
 #define PREV_OPTIONS_SIZE (offsetof(sdpa_options, kernel) + 2 * sizeof(int32_t))
-#if SDPA_VERSION_MAJOR == 0 && SDPA_VERSION_MINOR == 3
-_Static_assert(PREV_OPTIONS_SIZE == sizeof(sdpa_options), "0.3's sdpa_options ends after kernel, reserved0");
-#endif
+/* Fields are only appended, so 0.3's struct is a prefix of this header's (144 bytes on LP64; a
+ * wrong size would make every prev-0.3 call fail with SDPA_ERR_STRUCT_VERSION, an error row). */
+_Static_assert(PREV_OPTIONS_SIZE <= sizeof(sdpa_options), "0.3's sdpa_options is a prefix of this header's");
 
 typedef struct prev_lib {
     void *handle;
