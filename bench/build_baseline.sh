@@ -11,7 +11,10 @@ set -eu
 commit=${1:-26b3d60}
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(git -C "$here" rev-parse --show-toplevel)
-full=$(git -C "$repo" rev-parse --verify "$commit^{commit}")
+if ! full=$(git -C "$repo" rev-parse --verify -q "$commit^{commit}"); then
+    echo "build_baseline.sh: commit $commit is not in $repo (a shallow clone? git fetch --unshallow)" >&2
+    exit 1
+fi
 out=${2:-/tmp/libsdpa-baseline-$commit}
 src=$out/src
 bld=$out/build
