@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
 """The bench_smoke test: run `sdpa-bench --smoke --csv FILE` and check what it printed.
 
+- `sdpa-bench --self-test` passes (f16/bf16 conversions: every value round-trips, ties to even);
 - the program exits 0 (it exits 1 itself when a library path fails or disagrees with the
   reference path beyond its tolerance);
-- every stdout row has the 17 columns of the header, numbers where numbers belong;
-- one row per (shape, path, threads) that the bench promises: blas-floor, reference, tiled,
-  auto for every shape, bw-floor and decode for L <= 4, at threads 1 and 2;
-- the CSV holds the same rows; status is ok or unsupported (reference: ok);
+- every stdout row has the 18 columns of the header, numbers where numbers belong;
+- one row per (shape, path, dtype, threads) that the bench promises, at threads 1 and 2, for
+  the dtype combinations `--smoke --list` names per shape:
+    peak-fma: fma-avx512, fma-avx2;
+    f32: blas-floor, reference, tiled, auto; bw-floor and decode for L <= 4; with --baseline
+      also prev-0.3:tiled, prev-0.3:auto (prev-0.3:decode for L <= 4), none without it;
+    f16kv / bf16kv / bf16: tiled, auto; bw-floor and decode for L <= 4;
+- the CSV holds the same rows with the same status and kernel, and names each row's dtypes;
+- status is ok or unsupported; the f32 reference and every prev-0.3 row: ok; an unsupported
+  f16/bf16 row is one the library answers with SDPA_ERR_DTYPE, an unsupported fma row one the
+  CPU lacks: both are counted and printed as "not run", not as passed;
 - every ok library row agrees with the reference path and with the double-precision check
-  (max abs diff <= 1e-4), and its kernel name is set.
+  within the row's tolerance (1e-4 for f32; for f16/bf16 the bench's dtype tolerance, at most
+  2 * 2^-7), its kernel name is set; the FMA rows report GF/s > 0.
 A forced kernel whose reported name does not start with the path's name is printed as a
 warning (the row shows which kernel really ran).
 
-Usage: check_smoke.py path/to/sdpa-bench
+Usage: check_smoke.py path/to/sdpa-bench --baseline|--no-baseline
 """
 import csv
 import os
@@ -21,11 +30,13 @@ import sys
 import tempfile
 
 TOL = 1e-4
+TOL_REDUCED_MAX = 2 * 2.0 ** -7
 THREADS = (1, 2)
-COLUMNS = ["shape", "path", "thr", "status", "kernel", "reps", "median_ms", "min_ms", "GF/s", "GF/s_eff",
+COLUMNS = ["shape", "path", "dtype", "thr", "status", "kernel", "reps", "median_ms", "min_ms", "GF/s", "GF/s_eff",
            "GB/s", "cores", "ws_MiB", "rss_MiB", "diff_ref", "diff_naive", "note"]
 NUMERIC = ["median_ms", "min_ms", "GF/s", "GF/s_eff", "GB/s", "cores", "ws_MiB", "rss_MiB", "diff_ref", "diff_naive"]
-LIBRARY = ("reference", "tiled", "decode", "auto")
+LIBRARY = ("reference", "tiled", "decode", "auto", "prev-0.3:tiled", "prev-0.3:decode", "prev-0.3:auto")
+PREV = ("prev-0.3:tiled", "prev-0.3:auto")
 
 
 def fail(msg):
@@ -38,12 +49,19 @@ def num(s):
 
 
 def main():
-    if len(sys.argv) != 2:
-        fail("usage: check_smoke.py path/to/sdpa-bench")
+    if len(sys.argv) != 3 or sys.argv[2] not in ("--baseline", "--no-baseline"):
+        fail("usage: check_smoke.py path/to/sdpa-bench --baseline|--no-baseline")
     exe = sys.argv[1]
-    names = subprocess.run([exe, "--smoke", "--list"], capture_output=True, text=True, check=True).stdout.split()
-    if not names:
-        fail("--smoke --list printed no shape")
+    baseline = sys.argv[2] == "--baseline"
+    st = subprocess.run([exe, "--self-test"], capture_output=True, text=True, timeout=60)
+    print(st.stdout, end="")
+    print(st.stderr, end="", file=sys.stderr)
+    if st.returncode != 0 or "conversions ok" not in st.stdout:
+        fail("sdpa-bench --self-test failed")
+    listing = subprocess.run([exe, "--smoke", "--list"], capture_output=True, text=True, check=True).stdout
+    cases = [ln.split() for ln in listing.splitlines() if ln.strip()]
+    if not cases or any(len(c) < 2 for c in cases):
+        fail("--smoke --list printed no shape, or a shape without dtypes")
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = os.path.join(tmp, "smoke.csv")
         r = subprocess.run([exe, "--smoke", "--csv", csv_path], capture_output=True, text=True, timeout=100)
@@ -73,33 +91,61 @@ def main():
         rows.append(row)
 
     expected = set()
-    for name in names:
+    for name, *dtypes in cases:
+        if name == "peak-fma":
+            expected |= {(name, p, "f32", t) for p in ("fma-avx512", "fma-avx2") for t in THREADS}
+            continue
         L = int(name.split("-", 1)[1].split("x")[2])
-        paths = ["blas-floor", "reference", "tiled", "auto"] + (["bw-floor", "decode"] if L <= 4 else [])
-        expected |= {(name, p, t) for p in paths for t in THREADS}
-    got = [(r["shape"], r["path"], r["thr"]) for r in rows]
+        for dt in dtypes:
+            if dt == "f32":
+                paths = ["blas-floor", "reference", "tiled", "auto"] + (["bw-floor", "decode"] if L <= 4 else [])
+                if baseline:
+                    paths += list(PREV) + (["prev-0.3:decode"] if L <= 4 else [])
+            else:
+                paths = ["tiled", "auto"] + (["bw-floor", "decode"] if L <= 4 else [])
+            expected |= {(name, p, dt, t) for p in paths for t in THREADS}
+    if not baseline and "# prev-0.3: not run" not in r.stdout:
+        fail("without a baseline the header must say that prev-0.3 was not run")
+    if baseline and "# prev-0.3: libsdpa 0.3." not in r.stdout:
+        fail("a baseline was configured but the header does not name a loaded 0.3 library")
+    got = [(r["shape"], r["path"], r["dtype"], r["thr"]) for r in rows]
     if len(got) != len(set(got)):
-        fail("duplicate (shape, path, threads) rows")
+        fail("duplicate (shape, path, dtype, threads) rows")
     if set(got) != expected:
         fail(f"rows differ from the expected set: missing {sorted(expected - set(got))}, "
              f"extra {sorted(set(got) - expected)}")
     if len(csv_rows) != len(rows):
         fail(f"CSV has {len(csv_rows)} rows, stdout {len(rows)}")
-    csv_keys = {(c["shape"], c["path"], int(c["threads"])): c for c in csv_rows}
+    csv_keys = {(c["shape"], c["path"], c["dtype"], int(c["threads"])): c for c in csv_rows}
     if set(csv_keys) != expected:
         fail("CSV rows differ from stdout rows")
 
     warnings = 0
+    not_run = {}
     for row in rows:
-        where = f"{row['shape']} {row['path']} threads={row['thr']}"
-        c = csv_keys[(row["shape"], row["path"], row["thr"])]
+        where = f"{row['shape']} {row['path']} {row['dtype']} threads={row['thr']}"
+        c = csv_keys[(row["shape"], row["path"], row["dtype"], row["thr"])]
         if c["status"] != row["status"] or c["kernel"] != row["kernel"]:
             fail(f"{where}: CSV and stdout disagree")
+        want_dt = {"f32": ("f32", "f32", "f32"), "f16kv": ("f32", "f16", "f32"), "bf16kv": ("f32", "bf16", "f32"),
+                   "bf16": ("bf16", "bf16", "bf16")}[row["dtype"]]
+        if (c["q_dtype"], c["kv_dtype"], c["out_dtype"]) != want_dt:
+            fail(f"{where}: CSV dtypes {c['q_dtype']}/{c['kv_dtype']}/{c['out_dtype']}, want {want_dt}")
         if row["status"] not in ("ok", "unsupported"):
             fail(f"{where}: status {row['status']} ({row['note']})")
-        if row["path"] == "reference" and row["status"] != "ok":
-            fail(f"{where}: the reference path must run")
-        if row["status"] != "ok":
+        if row["dtype"] == "f32" and row["path"] in ("reference",) + PREV + ("prev-0.3:decode",) \
+                and row["status"] != "ok":
+            fail(f"{where}: this path must run")
+        if row["status"] == "unsupported":
+            if row["path"].startswith("fma-") or (row["dtype"] != "f32" and "SDPA_ERR_DTYPE" in row["note"]):
+                if not row["note"].startswith("not_run:"):
+                    fail(f"{where}: an unsupported dtype/ISA row must say not_run ({row['note']})")
+                kind = "fma" if row["path"].startswith("fma-") else row["dtype"]
+                not_run[kind] = not_run.get(kind, 0) + 1
+            continue
+        if row["path"].startswith("fma-"):
+            if row["GF/s"] is None or not row["GF/s"] > 0:
+                fail(f"{where}: no GF/s")
             continue
         if row["reps"] < 2 or row["median_ms"] is None or row["median_ms"] < 0:
             fail(f"{where}: no timing")
@@ -114,13 +160,23 @@ def main():
             continue
         if row["kernel"] in ("-", "?"):
             fail(f"{where}: no kernel name")
+        tol = TOL if row["dtype"] == "f32" else min(float(c["tol"]), TOL_REDUCED_MAX)
         for k in ("diff_ref", "diff_naive"):
-            if row[k] is None or not row[k] <= TOL:
-                fail(f"{where}: {k} = {row[k]} exceeds {TOL}")
-        if row["path"] in ("tiled", "decode") and not row["kernel"].startswith(row["path"]):
+            if k == "diff_ref" and row[k] is None and row["dtype"] != "f32":
+                continue  # no reference output for this dtype (the reference path does not serve it)
+            if row[k] is None or not row[k] <= tol:
+                fail(f"{where}: {k} = {row[k]} exceeds {tol}")
+        base = row["path"].split(":")[-1]
+        if base in ("tiled", "decode") and not row["kernel"].startswith(base):
             print(f"WARNING: {where}: forced {row['path']} reported kernel '{row['kernel']}'")
             warnings += 1
-    print(f"bench_smoke: {len(rows)} rows checked, {warnings} warning(s)")
+    for kind, n in sorted(not_run.items()):
+        what = "FMA loops this CPU/build lacks" if kind == "fma" else \
+            f"{kind} rows the library answers with SDPA_ERR_DTYPE"
+        print(f"bench_smoke: not run: {n} row(s): {what}")
+    if not baseline:
+        print("bench_smoke: not run: prev-0.3 candidates (no baseline configured: meson -Dbench_baseline=PATH)")
+    print(f"bench_smoke: {len(rows)} rows checked, {sum(not_run.values())} not run, {warnings} warning(s)")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,19 @@
 """Compare sdpa-bench's rows with PyTorch (CPU) on the same shapes and thread counts.
 
     /usr/bin/python3 bench/compare_torch.py --bench build/bench/sdpa-bench [--out-dir bench/results]
-    /usr/bin/python3 bench/compare_torch.py --bench-csv results/sdpa_bench.csv      # reuse a run
+        [--baseline build|PATH|none] [--isa-runs 'avx2:SHAPES;portable:SHAPES'|none]
+    /usr/bin/python3 bench/compare_torch.py --bench-csv results/sdpa_bench*.csv     # reuse a run
     /usr/bin/python3 bench/compare_torch.py --bench-csv X.csv --no-torch            # targets only
 
 Steps:
- 1. sdpa-bench's CSV: read --bench-csv, or run --bench with --csv (passing --threads, --reps,
-    --shapes); written to OUT/sdpa_bench.csv.
- 2. PyTorch on every shape of that CSV, two formulations:
+ 1. sdpa-bench's CSV: read --bench-csv (one file per ISA process), or run --bench with --csv
+    (passing --threads, --reps, --shapes, --dtypes, --baseline); written to OUT/sdpa_bench.csv.
+    --baseline build first runs bench/build_baseline.sh (the 0.3 library, commit 26b3d60) and
+    passes its path, so the prev-0.3 candidates run in the same process. Then, for every
+    ISA:SHAPES entry of --isa-runs, one more sdpa-bench process with SDPA_MAX_ISA=ISA on those
+    shapes (the library reads SDPA_MAX_ISA once per process), written to
+    OUT/sdpa_bench_isa-ISA.csv.
+ 2. PyTorch on every f32 shape of the native run, two formulations:
       torch-sdpa  torch.nn.functional._scaled_dot_product_attention(q, k, v, None, 0.0, False,
                   is_causal) (torch 1.13; on CPU it runs aten::_scaled_dot_product_attention_math,
                   which also forms the [B, H, L, S] weights);
@@ -20,11 +26,13 @@ Steps:
     round-robin, medians; cheap shapes get more repetitions (--min-time-ms). The two
     formulations are checked against each other (max abs diff).
     "PyTorch default" = the faster formulation at the default setting; "PyTorch best" = the
-    fastest (formulation, thread setting) of all. Raw rows: OUT/torch.csv.
- 3. OUT/combined.csv: per (shape, threads) the library's rows next to PyTorch's, with
-    ratios = library time / PyTorch time (below 1: the library is faster).
- 4. OUT/gflops.png (plot.py) and the TARGETS summary of issue 4 (printed, and written to
-    OUT/targets.md), library = the AUTO rows.
+    fastest (formulation, thread setting) of all. The same two formulations in bfloat16
+    (q, k, v bf16; torch's CPU bf16 matmuls run through oneDNN) on every shape the run has bf16
+    rows for (--torch-dtypes). Raw rows: OUT/torch.csv (column dtype).
+ 3. OUT/combined.csv: per (shape, threads) the library's f32 rows next to PyTorch's f32 rows,
+    with ratios = library time / PyTorch time (below 1: the library is faster).
+ 4. OUT/gflops.png (plot.py, f32 rows) and the TARGETS of issue 4 and of issue 9 section 5
+    (targets.py; printed, and written to OUT/targets.md), library = the AUTO rows.
 """
 import argparse
 import csv
@@ -52,9 +60,15 @@ def fnum(s):
     return None if math.isnan(v) else v
 
 
+def f32_native(bench_rows):
+    """The rows of the issue-4 tables and the plot: f32 storage, no SDPA_MAX_ISA cap, no probe."""
+    return [r for r in bench_rows if (r.get("dtype") or "f32") == "f32" and (r.get("isa_cap") or "native") == "native"
+            and r["kind"] != "peak"]
+
+
 def shape_list(bench_rows):
     seen, shapes = set(), []
-    for r in bench_rows:
+    for r in f32_native(bench_rows):
         if r["shape"] not in seen:
             seen.add(r["shape"])
             shapes.append({"name": r["shape"], "kind": r["kind"], "B": int(r["B"]), "H": int(r["H"]),
@@ -95,7 +109,7 @@ def rss_probe_end(before):
 
 # ------------------------------------------------------------------------------ torch runs
 
-def run_torch(shapes, threads, reps, warmup, min_time_ms, log):
+def run_torch(shapes, threads, reps, warmup, min_time_ms, log, dtype="f32"):
     import torch
     import torch.nn.functional as F
 
@@ -129,16 +143,17 @@ def run_torch(shapes, threads, reps, warmup, min_time_ms, log):
         return torch.matmul(torch.softmax(s, dim=-1), v)
 
     forms = [("torch-sdpa", sdpa_fn), ("torch-math", math_fn)]
+    tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
     rows = []
     torch.manual_seed(0)
     for s in shapes:
         B, H, L, S, E = s["B"], s["H"], s["L"], s["S"], s["E"]
-        q = torch.rand(B, H, L, E) * 2 - 1
-        k = torch.rand(B, H, S, E) * 2 - 1
-        v = torch.rand(B, H, S, E) * 2 - 1
+        q = (torch.rand(B, H, L, E) * 2 - 1).to(tdt)
+        k = (torch.rand(B, H, S, E) * 2 - 1).to(tdt)
+        v = (torch.rand(B, H, S, E) * 2 - 1).to(tdt)
         mask = None
         if s["causal"]:
-            mask = torch.full((L, S), float("-inf")).triu(1)
+            mask = torch.full((L, S), float("-inf")).triu(1).to(tdt)
         cands = [(f, fn, lab, n) for (lab, n) in measured for (f, fn) in forms]
         times = {(f, lab): [] for (f, _, lab, _) in cands}
         rss = {}
@@ -158,7 +173,7 @@ def run_torch(shapes, threads, reps, warmup, min_time_ms, log):
                 if lab == measured[0][0]:
                     outs[f] = o
                 del o
-            diff = (outs["torch-sdpa"] - outs["torch-math"]).abs().max().item()
+            diff = (outs["torch-sdpa"].float() - outs["torch-math"].float()).abs().max().item()
             del outs
             nrep = reps
             if min_time_ms > 0 and slowest > 0:
@@ -175,29 +190,30 @@ def run_torch(shapes, threads, reps, warmup, min_time_ms, log):
             for f, _ in forms:
                 ts = times[(f, alias[label])]
                 med = statistics.median(ts)
-                row = {"shape": s["name"], "impl": f, "setting": label, "threads": n, "reps": len(ts),
+                row = {"shape": s["name"], "dtype": dtype, "impl": f, "setting": label, "threads": n,
+                       "reps": len(ts),
                        "median_ms": f"{med:.4f}", "min_ms": f"{min(ts):.4f}", "max_ms": f"{max(ts):.4f}",
                        "gflops_dense": f"{flops(s) / (med * 1e6):.2f}",
-                       "gbps": f"{2 * B * H * S * E * 4 / (med * 1e6):.2f}" if L <= 4 else "-",
+                       "gbps": f"{2 * B * H * S * E * q.element_size() / (med * 1e6):.2f}" if L <= 4 else "-",
                        "rss_growth_bytes": rss[(f, alias[label])] if rss[(f, alias[label])] is not None else "-",
                        "max_abs_diff_sdpa_vs_math": f"{diff:.3g}",
                        "note": f"same_measurement_as_{alias[label]}" if alias[label] != label else "-"}
                 rows.append(row)
-                log(f"{s['name']:<30} {f:<11} {label:>8} {n:>3} {len(ts):>4} {med:>11.4f} "
+                log(f"{s['name']:<30} {f:<11} {dtype:<5} {label:>8} {n:>3} {len(ts):>4} {med:>11.4f} "
                     f"{row['gflops_dense']:>9} {row['gbps']:>8} "
                     f"{(row['rss_growth_bytes'] / 1048576 if row['rss_growth_bytes'] != '-' else float('nan')):>9.2f} "
                     f"{row['max_abs_diff_sdpa_vs_math']:>9}")
     return rows, default_threads
 
 
-TORCH_FIELDS = ["shape", "impl", "setting", "threads", "reps", "median_ms", "min_ms", "max_ms", "gflops_dense",
+TORCH_FIELDS = ["shape", "dtype", "impl", "setting", "threads", "reps", "median_ms", "min_ms", "max_ms", "gflops_dense",
                 "gbps", "rss_growth_bytes", "max_abs_diff_sdpa_vs_math", "note"]
 
 
 # --------------------------------------------------------------------------------- combine
 
 def index_bench(bench_rows):
-    return {(r["shape"], r["path"], int(r["threads"])): r for r in bench_rows}
+    return {(r["shape"], r["path"], int(r["threads"])): r for r in f32_native(bench_rows)}
 
 
 def bench_ms(bidx, shape, path, n):
@@ -211,6 +227,8 @@ def torch_summary(torch_rows):
     """Per shape: {'default': (ms, impl), 'best': (ms, 'impl@setting'), 'n': {n: (ms, impl)}}."""
     out = {}
     for r in torch_rows:
+        if (r.get("dtype") or "f32") != "f32":
+            continue
         d = out.setdefault(r["shape"], {"default": None, "best": None, "n": {}})
         ms = float(r["median_ms"])
         if r["setting"] == "default":
@@ -372,17 +390,30 @@ def write_csv(path, fields, rows):
             w.writerow(r)
 
 
+DEFAULT_ISA_RUNS = ("avx2:dense-1x8x1024x1024x64,decode-1x32x1x4096x128;"
+                    "portable:dense-1x8x1024x1024x64,decode-1x32x1x4096x128")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--bench", help="path to sdpa-bench: run it (with --csv)")
-    src.add_argument("--bench-csv", help="reuse a CSV written by sdpa-bench --csv")
+    src.add_argument("--bench-csv", nargs="+", help="reuse CSVs written by sdpa-bench --csv (one per ISA process)")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--min-time-ms", type=float, default=300.0)
-    ap.add_argument("--shapes", default=None, help="passed to sdpa-bench --shapes")
+    ap.add_argument("--shapes", default=None, help="passed to sdpa-bench --shapes (the native run)")
+    ap.add_argument("--dtypes", default=None, help="passed to sdpa-bench --dtypes (default: all)")
+    ap.add_argument("--baseline", default="none",
+                    help="prev-0.3 candidates: 'build' (bench/build_baseline.sh builds 0.3 from git, ~10 s), "
+                         "a path to a 0.3 libsdpa.so, or 'none' (default; sdpa-bench then uses its meson default)")
+    ap.add_argument("--isa-runs", default=DEFAULT_ISA_RUNS,
+                    help="'ISA:SHAPES;ISA:SHAPES': one more sdpa-bench process per entry with SDPA_MAX_ISA=ISA "
+                         f"on those shapes; 'none' for no extra run (default: {DEFAULT_ISA_RUNS})")
+    ap.add_argument("--torch-dtypes", default="f32,bf16",
+                    help="PyTorch dtypes: f32 on every f32 shape, bf16 on the shapes with bf16 rows")
     ap.add_argument("--no-torch", action="store_true", help="only the library's targets from the CSV")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args()
@@ -393,29 +424,60 @@ def main():
         print(msg, flush=True)
 
     t_start = time.time()
-    bench_csv = os.path.join(args.out_dir, "sdpa_bench.csv")
+    bench_rows = []
     if args.bench:
-        cmd = [args.bench, "--csv", bench_csv, "--threads", args.threads, "--reps", str(args.reps),
-               "--warmup", str(args.warmup), "--min-time-ms", str(args.min_time_ms)]
-        if args.shapes:
-            cmd += ["--shapes", args.shapes]
-        log("$ " + " ".join(cmd))
-        r = subprocess.run(cmd)
-        if r.returncode not in (0, 1):
-            sys.exit(f"sdpa-bench failed with exit status {r.returncode}")
-        if r.returncode == 1:
-            log("# sdpa-bench reported failing rows (status column); continuing")
+        baseline = []
+        if args.baseline == "build":
+            r = subprocess.run(["sh", os.path.join(HERE, "build_baseline.sh")], stdout=subprocess.PIPE, text=True)
+            if r.returncode != 0:
+                sys.exit("bench/build_baseline.sh failed")
+            baseline = ["--baseline", r.stdout.strip().splitlines()[-1]]
+        elif args.baseline != "none":
+            baseline = ["--baseline", args.baseline]
+        runs = [("native", args.shapes, os.path.join(args.out_dir, "sdpa_bench.csv"))]
+        if args.isa_runs and args.isa_runs != "none":
+            for entry in args.isa_runs.split(";"):
+                isa, _, shapes = entry.partition(":")
+                runs.append((isa.strip(), shapes.strip() or None,
+                             os.path.join(args.out_dir, f"sdpa_bench_isa-{isa.strip()}.csv")))
+        for isa, shapes, csv_path in runs:
+            cmd = [args.bench, "--csv", csv_path, "--threads", args.threads, "--reps", str(args.reps),
+                   "--warmup", str(args.warmup), "--min-time-ms", str(args.min_time_ms)] + baseline
+            if shapes:
+                cmd += ["--shapes", shapes]
+            if args.dtypes:
+                cmd += ["--dtypes", args.dtypes]
+            env = dict(os.environ)
+            if isa != "native":
+                env["SDPA_MAX_ISA"] = isa
+            log(("" if isa == "native" else f"SDPA_MAX_ISA={isa} ") + "$ " + " ".join(cmd))
+            r = subprocess.run(cmd, env=env)
+            if r.returncode not in (0, 1):
+                sys.exit(f"sdpa-bench failed with exit status {r.returncode}")
+            if r.returncode == 1:
+                log("# sdpa-bench reported failing rows (status column); continuing")
+            bench_rows += read_csv(csv_path)
     else:
-        bench_csv = args.bench_csv
-    bench_rows = read_csv(bench_csv)
+        for path in args.bench_csv:
+            bench_rows += read_csv(path)
     t_bench = time.time() - t_start
 
     torch_rows = []
     torch_csv = os.path.join(args.out_dir, "torch.csv")
     if not args.no_torch:
-        log(f"{'shape':<30} {'impl':<11} {'setting':>8} {'thr':>3} {'reps':>4} {'median_ms':>11} "
+        log(f"{'shape':<30} {'impl':<11} {'dtype':<5} {'setting':>8} {'thr':>3} {'reps':>4} {'median_ms':>11} "
             f"{'GF/s':>9} {'GB/s':>8} {'rss_MiB':>9} {'diff':>9}")
-        torch_rows, _ = run_torch(shape_list(bench_rows), threads, args.reps, args.warmup, args.min_time_ms, log)
+        tdts = args.torch_dtypes.split(",")
+        if "f32" in tdts:
+            torch_rows += run_torch(shape_list(bench_rows), threads, args.reps, args.warmup, args.min_time_ms,
+                                    log)[0]
+        if "bf16" in tdts:
+            bf16_names = {r["shape"] for r in bench_rows if r.get("dtype") == "bf16"
+                          and (r.get("isa_cap") or "native") == "native"}
+            bf16_shapes = [s for s in shape_list(bench_rows) if s["name"] in bf16_names]
+            if bf16_shapes:
+                torch_rows += run_torch(bf16_shapes, threads, args.reps, args.warmup, args.min_time_ms, log,
+                                        dtype="bf16")[0]
         write_csv(torch_csv, TORCH_FIELDS, torch_rows)
     elif os.path.exists(torch_csv) and args.bench_csv:
         torch_rows = read_csv(torch_csv)
@@ -423,15 +485,26 @@ def main():
 
     combined = combine(bench_rows, torch_rows, threads)
     write_csv(os.path.join(args.out_dir, "combined.csv"), COMBINED_FIELDS, combined)
-    if not args.no_plot:
+    try:
         import plot
-        plot.plot(bench_rows, torch_rows, os.path.join(args.out_dir, "gflops.png"), threads)
+        import matplotlib  # noqa: F401  (plot.py imports it lazily)
+    except ImportError as e:
+        log(f"# plot not drawn: {e}")
+        args.no_plot = True
+    if not args.no_plot:
+        plot.plot(f32_native(bench_rows), [r for r in torch_rows if (r.get("dtype") or "f32") == "f32"],
+                  os.path.join(args.out_dir, "gflops.png"), threads)
+    import targets as issue9
     res = targets(bench_rows, torch_rows, main_threads=max(threads))
+    res9 = issue9.targets_issue9(bench_rows, torch_rows, n2=max(threads))
     text = format_targets(res)
+    text9 = issue9.format_targets(res9)
     with open(os.path.join(args.out_dir, "targets.md"), "w") as f:
-        f.write(text + "\n")
+        f.write("### issue 4 (0.1-0.3) targets\n\n" + text + "\n\n### issue 9 (0.4) targets\n\n" + text9 + "\n")
     log("")
     log(text)
+    log("")
+    log(text9)
     log(f"# wall time: sdpa-bench {t_bench:.0f} s, total {time.time() - t_start:.0f} s; outputs in {args.out_dir}")
 
 

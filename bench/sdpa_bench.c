@@ -1,38 +1,53 @@
-/* sdpa-bench: times libsdpa's attention paths against two floors, in one process.
+/* sdpa-bench: times libsdpa's attention paths against floors, in one process.
  *
- * For every shape (B, H, L, S, E) it runs these candidates, each at every thread count of
- * --threads (default 1,2):
- *   blas-floor  the two sgemm products of the same shape through OpenBLAS alone: for each
- *               (b, h) S = Q.K^T [L, S], then O = S.V (no scale, no softmax); the score
- *               buffer is allocated outside the timing. OpenBLAS's thread count is set to the
- *               row's thread count for these calls only and restored right after, so the
- *               library rows run under OpenBLAS's own default.
- *   bw-floor    (L <= 4 only) a plain sequential read of the K and V bytes: the sum of all
- *               floats, split into contiguous chunks over the row's thread count (pthreads).
+ * For every case (a shape (B, H, L, S, E) with Hkv key/value heads, and a dtype combination
+ * of q / k,v / out) it runs these candidates, each at every thread count of --threads
+ * (default 1,2):
+ *   blas-floor  (f32 only) the two sgemm products of the same shape through OpenBLAS alone:
+ *               for each (b, h) S = Q.K^T [L, S], then O = S.V (no scale, no softmax); the
+ *               score buffer is allocated outside the timing. OpenBLAS's thread count is set
+ *               to the row's thread count for these calls only and restored right after, so
+ *               the library rows run under OpenBLAS's own default.
+ *   bw-floor    (L <= 4 only) a plain sequential read of the K and V bytes as stored (f32, or
+ *               16-bit words for f16/bf16), split into contiguous chunks over the row's
+ *               thread count (pthreads).
  *   reference, tiled, decode (L <= 4 only), auto
  *               sdpa_attention() with options.kernel = REFERENCE / TILED / DECODE / AUTO and
  *               options.num_threads = the row's thread count; everything else at defaults
- *               (finite check on, internal workspace), as a user calls it.
+ *               (finite check on, internal workspace), as a user calls it. For f16/bf16
+ *               cases the reference path is run once, untimed, as the comparison output.
+ *   prev-0.3:auto, prev-0.3:tiled, prev-0.3:decode (f32 only; L <= 4 for decode)
+ *               the same calls into a previous release of the library (--baseline PATH or
+ *               the meson option bench_baseline), loaded with dlopen(RTLD_LOCAL |
+ *               RTLD_DEEPBIND) into this process and called through dlsym'd pointers with
+ *               that release's sdpa_options size.
+ * and one pseudo-shape "peak-fma": fma-avx512 / fma-avx2, a loop of independent FMA
+ * accumulator chains (no memory traffic) at every thread count: the FMA peak in GF/s of this
+ * machine in the same run. A candidate the CPU lacks is "unsupported" (note: not run).
  *
  * Each candidate gets --warmup untimed calls and one untimed memory probe, then the
- * candidates of a shape run round-robin (one call each per round, the starting candidate
- * rotating) for the shape's repetitions, BLAS-free candidates in a first phase and those that
+ * candidates of a case run round-robin (one call each per round, the starting candidate
+ * rotating) for the case's repetitions, BLAS-free candidates in a first phase and those that
  * use OpenBLAS in a second (see the rep loop); a row reports the median. Every library call's
  * output is compared with the reference path's output (max_abs_diff_ref) and, on a sample
- * of rows, with a double-precision evaluation written here (max_abs_diff_naive).
- * A forced kernel that answers SDPA_ERR_UNSUPPORTED is reported as "unsupported".
+ * of rows, with a double-precision evaluation on the (widened) inputs written here
+ * (max_abs_diff_naive), within a tolerance that depends on the case's dtypes.
+ * A forced kernel that answers SDPA_ERR_UNSUPPORTED, and an f16/bf16 case the library answers
+ * with SDPA_ERR_DTYPE, are reported as "unsupported".
  *
- * Exit status: 0 when every library row is ok or unsupported and within --tol; 1 when a
- * call failed otherwise or an output differs beyond --tol; 2 on a usage error.
+ * Exit status: 0 when every library row is ok or unsupported and within its tolerance; 1 when
+ * a call failed otherwise or an output differs beyond it; 2 on a usage error.
  */
 #include <sdpa.h>
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,47 +55,228 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SDPA_BENCH_X86 1
+#endif
 
 #define MAX_THREADS_LIST 16
 #define MAX_REPS 1000
 #define NAIVE_ROWS 8
 
+/* ------------------------------------------------------------------ dtypes */
+
+/* A case's storage: q, k and v (one dtype for both), out. weights/lse are not requested. */
+typedef struct dtype_combo {
+    const char *name;
+    int32_t q, kv, out;
+} dtype_combo;
+
+enum { DT_F32, DT_F16KV, DT_BF16KV, DT_BF16, DT_COUNT };
+static const dtype_combo dtype_combos[DT_COUNT] = {
+    {"f32", SDPA_DTYPE_F32, SDPA_DTYPE_F32, SDPA_DTYPE_F32},
+    {"f16kv", SDPA_DTYPE_F32, SDPA_DTYPE_F16, SDPA_DTYPE_F32},   /* f32 Q, f16 KV cache, f32 out */
+    {"bf16kv", SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F32}, /* f32 Q, bf16 KV cache, f32 out */
+    {"bf16", SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16}, /* bf16 throughout */
+};
+#define DT_BIT(d) (1u << (d))
+#define DT_ALL (DT_BIT(DT_F32) | DT_BIT(DT_F16KV) | DT_BIT(DT_BF16KV) | DT_BIT(DT_BF16))
+
+static const char *dtype_name(int32_t dt) {
+    return dt == SDPA_DTYPE_F16 ? "f16" : dt == SDPA_DTYPE_BF16 ? "bf16" : "f32";
+}
+static size_t dtype_size(int32_t dt) { return dt == SDPA_DTYPE_F32 ? 4 : 2; }
+
+/* Machine epsilon of a dtype (spacing of values at 1): f32 2^-23, f16 2^-10, bf16 2^-7. */
+static double dtype_eps(int32_t dt) {
+    return dt == SDPA_DTYPE_F16 ? 0x1p-10 : dt == SDPA_DTYPE_BF16 ? 0x1p-7 : 0x1p-23;
+}
+
+/* Conversions (portable C, no F16C / AVX512-BF16 needed): widening is exact; narrowing
+ * rounds to nearest, ties to even; overflow gives +-Inf; NaN stays a (quiet) NaN. */
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static float f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) /* NaN: keep the sign and the top payload, quiet */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7FFFu + ((u >> 16) & 1u); /* round to nearest even (carries into the exponent) */
+    return (uint16_t)(u >> 16);
+}
+static float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+
+static uint16_t f32_to_f16(float f) {
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) /* NaN: quiet, top payload bits kept */
+        return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+    if (a >= 0x477FF000u) /* >= 65520 (halfway from 65504 up to 2^16) rounds to Inf; Inf stays */
+        return (uint16_t)(sign | 0x7C00u);
+    if (a < 0x38800000u) { /* below 2^-14: an f16 subnormal or zero */
+        uint32_t e = a >> 23;
+        if (e < 102) /* below 2^-25: rounds to zero */
+            return sign;
+        uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+        uint32_t shift = 126 - e; /* value = m * 2^(e-150); in units of 2^-24: m >> shift */
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1u)))
+            ++r; /* may round up to the smallest normal, 0x0400: the right encoding */
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = a - 0x38000000u; /* rebias the exponent from 127 to 15 */
+    uint32_t rem = r & 0x1FFFu;
+    r >>= 13;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u)))
+        ++r; /* a carry into the exponent is right, up to 65504 (Inf handled above) */
+    return (uint16_t)(sign | r);
+}
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0) {
+        float v = (float)m * 0x1p-24f; /* zero or subnormal: exact */
+        return sign ? -v : v;
+    }
+    if (e == 31)
+        return f32_from_bits(sign | 0x7F800000u | (m << 13));
+    return f32_from_bits(sign | ((e + 112) << 23) | (m << 13));
+}
+
+/* Store n floats as dtype dt (dst holds n elements of that dtype). */
+static void narrow_into(void *dst, const float *src, size_t n, int32_t dt) {
+    if (dt == SDPA_DTYPE_F32) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst;
+    for (size_t i = 0; i < n; ++i)
+        d[i] = dt == SDPA_DTYPE_F16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
+}
+/* Widen n elements of dtype dt to floats (exact). */
+static void widen_into(float *dst, const void *src, size_t n, int32_t dt) {
+    if (dt == SDPA_DTYPE_F32) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    const uint16_t *s = (const uint16_t *)src;
+    for (size_t i = 0; i < n; ++i)
+        dst[i] = dt == SDPA_DTYPE_F16 ? f16_to_f32(s[i]) : bf16_to_f32(s[i]);
+}
+
+/* --self-test: the conversions against their definition. Every f16 and bf16 value widens and
+ * narrows back to itself (NaNs: to a NaN); ties round to even; the f16 range edges. */
+static int conversion_self_test(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h <= 0xFFFFu; ++h) {
+        float f = f16_to_f32((uint16_t)h), g = bf16_to_f32((uint16_t)h);
+        int f_nan = ((h >> 10) & 0x1F) == 31 && (h & 0x3FF);
+        uint16_t back = f32_to_f16(f), gback = f32_to_bf16(g);
+        if (f_nan ? !isnan(f) || !(((back >> 10) & 0x1F) == 31 && (back & 0x3FF)) : back != h)
+            ++bad;
+        if (isnan(g) ? !isnan(bf16_to_f32(gback)) : gback != h)
+            ++bad;
+    }
+    const struct {
+        float in;
+        uint16_t f16, bf16;
+    } cases[] = {
+        {1.0f, 0x3C00, 0x3F80},
+        {1.0f + 0x1p-11f, 0x3C00, 0x3F80},             /* f16 tie, even below */
+        {1.0f + 3 * 0x1p-11f, 0x3C02, 0x3F80},         /* f16 tie, even above */
+        {1.0f + 0x1p-8f, 0x3C04, 0x3F80},              /* bf16 tie, even below */
+        {1.0f + 3 * 0x1p-8f, 0x3C0C, 0x3F82},          /* bf16 tie, even above */
+        {65504.0f, 0x7BFF, 0x4780},                    /* f16 max */
+        {65519.996f, 0x7BFF, 0x4780},                  /* just below the f16 overflow tie */
+        {65520.0f, 0x7C00, 0x4780},                    /* f16 overflow tie: Inf */
+        {0x1p-24f, 0x0001, 0x3380},                    /* smallest f16 subnormal */
+        {0x1p-25f, 0x0000, 0x3300},                    /* tie between 0 and 2^-24: 0 */
+        {0x1.8p-25f, 0x0001, 0x3340},                  /* above the tie: 2^-24 */
+        {0x1.ff8p-15f, 0x03FF, 0x3880},                /* largest f16 subnormal; bf16 rounds up */
+        {-2.0f, 0xC000, 0xC000},
+        {3.4e38f, 0x7C00, 0x7F80},                     /* bf16 overflow to Inf */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
+        if (f32_to_f16(cases[i].in) != cases[i].f16) {
+            fprintf(stderr, "self-test: f32_to_f16(%a) = 0x%04x, want 0x%04x\n", (double)cases[i].in,
+                    f32_to_f16(cases[i].in), cases[i].f16);
+            ++bad;
+        }
+        if (f32_to_bf16(cases[i].in) != cases[i].bf16) {
+            fprintf(stderr, "self-test: f32_to_bf16(%a) = 0x%04x, want 0x%04x\n", (double)cases[i].in,
+                    f32_to_bf16(cases[i].in), cases[i].bf16);
+            ++bad;
+        }
+    }
+    printf("self-test: conversions %s (%d failure(s))\n", bad ? "FAILED" : "ok", bad);
+    return bad == 0;
+}
+
 /* ------------------------------------------------------------------ shapes */
 
 typedef struct shape {
-    const char *kind; /* dense, causal, cross, decode, memory */
+    const char *kind; /* dense, causal, cross, decode, gqa (decode with Hkv < H), memory, peak */
     int64_t B, H, L, S, E;
     int causal;
+    int64_t Hkv;      /* key/value heads; 0 = H */
+    unsigned dtypes;  /* DT_BIT set of the dtype combinations this shape runs with */
 } shape;
 
+#define DT_PREFILL (DT_BIT(DT_F32) | DT_BIT(DT_BF16) | DT_BIT(DT_F16KV))
+#define DT_DECODE (DT_BIT(DT_F32) | DT_BIT(DT_F16KV) | DT_BIT(DT_BF16KV))
+#define F32_ONLY DT_BIT(DT_F32)
+
 static const shape full_shapes[] = {
-    {"dense", 1, 8, 128, 128, 64, 0},
-    {"dense", 1, 8, 512, 512, 64, 0},
-    {"dense", 1, 8, 1024, 1024, 64, 0},
-    {"dense", 1, 16, 2048, 2048, 64, 0},
-    {"dense", 1, 8, 4096, 4096, 128, 0},
-    {"causal", 1, 8, 512, 512, 64, 1},
-    {"causal", 1, 8, 1024, 1024, 64, 1},
-    {"causal", 1, 16, 2048, 2048, 64, 1},
-    {"causal", 1, 8, 4096, 4096, 128, 1},
-    {"cross", 2, 8, 64, 1024, 64, 0},
-    {"decode", 1, 32, 1, 4096, 128, 0},
-    {"decode", 8, 32, 1, 1024, 128, 0},
-    {"memory", 1, 8, 8192, 8192, 64, 0},
+    {"peak", 0, 0, 0, 0, 0, 0, 0, F32_ONLY},
+    {"dense", 1, 8, 128, 128, 64, 0, 0, F32_ONLY},
+    {"dense", 1, 8, 512, 512, 64, 0, 0, F32_ONLY},
+    {"dense", 1, 8, 1024, 1024, 64, 0, 0, DT_PREFILL},
+    {"dense", 1, 16, 2048, 2048, 64, 0, 0, F32_ONLY},
+    {"dense", 1, 8, 4096, 4096, 128, 0, 0, DT_PREFILL},
+    {"causal", 1, 8, 512, 512, 64, 1, 0, F32_ONLY},
+    {"causal", 1, 8, 1024, 1024, 64, 1, 0, F32_ONLY},
+    {"causal", 1, 16, 2048, 2048, 64, 1, 0, F32_ONLY},
+    {"causal", 1, 8, 4096, 4096, 128, 1, 0, F32_ONLY},
+    {"cross", 2, 8, 64, 1024, 64, 0, 0, F32_ONLY},
+    {"decode", 1, 32, 1, 4096, 128, 0, 0, DT_DECODE},
+    {"decode", 8, 32, 1, 1024, 128, 0, 0, DT_DECODE},
+    {"gqa", 1, 32, 1, 4096, 128, 0, 8, DT_DECODE},
+    {"gqa", 8, 32, 1, 1024, 128, 0, 8, DT_DECODE},
+    {"memory", 1, 8, 8192, 8192, 64, 0, 0, F32_ONLY},
 };
 
 static const shape smoke_shapes[] = {
-    {"dense", 1, 2, 16, 16, 8, 0},
-    {"dense", 2, 3, 70, 70, 16, 0},
-    {"causal", 1, 2, 33, 33, 8, 1},
-    {"cross", 2, 2, 5, 40, 8, 0},
-    {"decode", 1, 4, 1, 64, 16, 0},
-    {"decode", 2, 2, 3, 17, 8, 0},
+    {"peak", 0, 0, 0, 0, 0, 0, 0, F32_ONLY},
+    {"dense", 1, 2, 16, 16, 8, 0, 0, DT_ALL},
+    {"dense", 2, 3, 70, 70, 16, 0, 0, F32_ONLY},
+    {"causal", 1, 2, 33, 33, 8, 1, 0, F32_ONLY},
+    {"cross", 2, 2, 5, 40, 8, 0, 0, F32_ONLY},
+    {"decode", 1, 4, 1, 64, 16, 0, 0, DT_ALL},
+    {"decode", 2, 2, 3, 17, 8, 0, 0, F32_ONLY},
+    {"gqa", 2, 4, 1, 33, 16, 0, 2, DT_DECODE},
 };
 
+static int64_t shape_hkv(const shape *s) { return s->Hkv > 0 ? s->Hkv : s->H; }
+
 static void shape_name(const shape *s, char *buf, size_t n) {
+    if (!strcmp(s->kind, "peak")) {
+        snprintf(buf, n, "peak-fma");
+        return;
+    }
     snprintf(buf, n, "%s-%lldx%lldx%lldx%lldx%lld", s->kind, (long long)s->B, (long long)s->H, (long long)s->L,
              (long long)s->S, (long long)s->E);
+    if (s->Hkv > 0 && s->Hkv != s->H) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, n - len, "-kv%lld", (long long)s->Hkv);
+    }
 }
 
 /* Query-key pairs per (b, h) that the shape allows (top-left causal: row i sees min(i+1, S)). */
@@ -102,18 +298,31 @@ typedef enum path {
     PATH_TILED,
     PATH_DECODE,
     PATH_AUTO,
+    PATH_PREV_TILED,
+    PATH_PREV_DECODE,
+    PATH_PREV_AUTO,
+    PATH_FMA_AVX512,
+    PATH_FMA_AVX2,
     PATH_COUNT
 } path;
 
-static const char *const path_names[PATH_COUNT] = {"blas-floor", "bw-floor", "reference", "tiled", "decode", "auto"};
+static const char *const path_names[PATH_COUNT] = {"blas-floor",    "bw-floor",        "reference",
+                                                   "tiled",         "decode",          "auto",
+                                                   "prev-0.3:tiled", "prev-0.3:decode", "prev-0.3:auto",
+                                                   "fma-avx512",    "fma-avx2"};
 
-static int path_is_library(path p) { return p >= PATH_REFERENCE; }
+/* Rows that call a libsdpa (this one or the previous release) and are checked for accuracy. */
+static int path_is_library(path p) { return p >= PATH_REFERENCE && p <= PATH_PREV_AUTO; }
+static int path_is_prev(path p) { return p >= PATH_PREV_TILED && p <= PATH_PREV_AUTO; }
+static int path_is_fma(path p) { return p == PATH_FMA_AVX512 || p == PATH_FMA_AVX2; }
 
 static int32_t path_kernel(path p) {
     switch (p) {
     case PATH_REFERENCE: return SDPA_KERNEL_REFERENCE;
-    case PATH_TILED: return SDPA_KERNEL_TILED;
-    case PATH_DECODE: return SDPA_KERNEL_DECODE;
+    case PATH_TILED:
+    case PATH_PREV_TILED: return SDPA_KERNEL_TILED;
+    case PATH_DECODE:
+    case PATH_PREV_DECODE: return SDPA_KERNEL_DECODE;
     default: return SDPA_KERNEL_AUTO;
     }
 }
@@ -125,7 +334,7 @@ typedef struct candidate {
     int threads;
     cand_state state;
     char kernel[48];
-    char note[160];
+    char note[200];
     double times[MAX_REPS];
     int ntimes;
     double cpu_ms_sum, wall_ms_sum; /* over the timed calls: CPU time of the process / wall time */
@@ -133,8 +342,212 @@ typedef struct candidate {
     long long rss_growth; /* bytes; -1 = not measured */
     double diff_ref;      /* max over calls; NAN = not applicable */
     double diff_naive;
-    float *out;
+    void *out;            /* out_dtype elements */
 } candidate;
+
+/* ------------------------------------------------- the previous release (dlopen) */
+/* The 0.3 ABI: sdpa_tensor is frozen; sdpa_options is read for its first struct_size bytes, and
+ * 0.3's struct ends with the 0.2 fields kernel and reserved0 (int32 each). The fields the bench
+ * sets (causal, num_threads, kernel) sit at the same offsets in every later header. */
+#define PREV_OPTIONS_SIZE (offsetof(sdpa_options, kernel) + 2 * sizeof(int32_t))
+/* Fields are only appended, so 0.3's struct is a prefix of this header's (144 bytes on LP64; a
+ * wrong size would make every prev-0.3 call fail with SDPA_ERR_STRUCT_VERSION, an error row). */
+_Static_assert(PREV_OPTIONS_SIZE <= sizeof(sdpa_options), "0.3's sdpa_options is a prefix of this header's");
+
+typedef struct prev_lib {
+    void *handle;
+    char path[512];
+    char version[32];
+    sdpa_status (*attention)(const sdpa_tensor *, const sdpa_tensor *, const sdpa_tensor *, const sdpa_options *,
+                             const sdpa_tensor *, const sdpa_tensor *, const sdpa_tensor *);
+    sdpa_status (*workspace_size)(const sdpa_tensor *, const sdpa_tensor *, const sdpa_tensor *,
+                                  const sdpa_options *, int32_t, size_t *);
+    void (*options_init_sized)(sdpa_options *, size_t);
+    const char *(*last_kernel)(void);
+    const char *(*last_error_message)(void);
+    const char *(*status_string)(sdpa_status);
+    const char *(*version_string)(void);
+} prev_lib;
+
+static prev_lib prev;
+
+static int prev_sym(void *fn_ptr, size_t size, const char *name) {
+    void *sym = dlsym(prev.handle, name);
+    if (!sym) {
+        fprintf(stderr, "sdpa-bench: baseline %s lacks %s: %s\n", prev.path, name, dlerror());
+        return 0;
+    }
+    memcpy(fn_ptr, &sym, size); /* POSIX: a dlsym'd object pointer converts to the function */
+    return 1;
+}
+
+/* Load the previous release from `path` into this process without letting either library's
+ * symbols satisfy the other's (RTLD_LOCAL; RTLD_DEEPBIND so its own calls to its exported
+ * functions stay inside it). Sanitizer runtimes refuse RTLD_DEEPBIND: there it is left out. */
+static int prev_load(const char *lib_path) {
+    int flags = RTLD_NOW | RTLD_LOCAL;
+#if defined(RTLD_DEEPBIND) && !defined(__SANITIZE_ADDRESS__) && !defined(SDPA_BENCH_SANITIZED)
+    flags |= RTLD_DEEPBIND;
+#endif
+    snprintf(prev.path, sizeof prev.path, "%s", lib_path);
+    prev.handle = dlopen(lib_path, flags);
+    if (!prev.handle) {
+        fprintf(stderr, "sdpa-bench: cannot load baseline %s: %s\n", lib_path, dlerror());
+        return 0;
+    }
+    int ok = prev_sym(&prev.attention, sizeof prev.attention, "sdpa_attention") &&
+             prev_sym(&prev.workspace_size, sizeof prev.workspace_size, "sdpa_attention_workspace_size") &&
+             prev_sym(&prev.options_init_sized, sizeof prev.options_init_sized, "sdpa_options_init_sized") &&
+             prev_sym(&prev.last_kernel, sizeof prev.last_kernel, "sdpa_last_kernel") &&
+             prev_sym(&prev.last_error_message, sizeof prev.last_error_message, "sdpa_last_error_message") &&
+             prev_sym(&prev.status_string, sizeof prev.status_string, "sdpa_status_string") &&
+             prev_sym(&prev.version_string, sizeof prev.version_string, "sdpa_version_string");
+    if (!ok) {
+        dlclose(prev.handle);
+        prev.handle = NULL;
+        return 0;
+    }
+    /* The symbols must come from the file just loaded, not from the library this program links. */
+    Dl_info mine, theirs;
+    void *mine_p, *theirs_p;
+    sdpa_status (*mine_fn)(const sdpa_tensor *, const sdpa_tensor *, const sdpa_tensor *, const sdpa_options *,
+                           const sdpa_tensor *, const sdpa_tensor *, const sdpa_tensor *) = sdpa_attention;
+    memcpy(&mine_p, &mine_fn, sizeof mine_p);
+    memcpy(&theirs_p, &prev.attention, sizeof theirs_p);
+    if (dladdr(mine_p, &mine) && dladdr(theirs_p, &theirs) && mine.dli_fbase == theirs.dli_fbase) {
+        fprintf(stderr, "sdpa-bench: baseline %s resolved to the library this program links (%s)\n", lib_path,
+                mine.dli_fname);
+        dlclose(prev.handle);
+        prev.handle = NULL;
+        return 0;
+    }
+    snprintf(prev.version, sizeof prev.version, "%s", prev.version_string());
+    if (strncmp(prev.version, "0.3.", 4) != 0) {
+        fprintf(stderr, "sdpa-bench: baseline %s is libsdpa %s; the prev-0.3 candidates need a 0.3.x build\n", lib_path,
+                prev.version);
+        dlclose(prev.handle);
+        prev.handle = NULL;
+        return 0;
+    }
+    return 1;
+}
+
+static void prev_options(sdpa_options *o) {
+    memset(o, 0, sizeof *o);
+    prev.options_init_sized(o, PREV_OPTIONS_SIZE);
+}
+
+/* ---------------------------------------------------------- the FMA peak probe */
+/* A loop of independent multiply-add chains a = a * x + y on registers only (16 zmm chains for
+ * AVX-512, 12 ymm chains for AVX2: more than latency x issue width on current cores), 2 flops per
+ * lane; every thread runs its own loop. The values stay near y / (1 - x) = 0.1: no denormals. */
+
+static long fma_iters = 4000000; /* per call and thread */
+static volatile float fma_sink;
+
+#ifdef SDPA_BENCH_X86
+__attribute__((target("avx512f"))) static void fma_loop_avx512(long iters) {
+    __m512 acc[16];
+    const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+    for (int j = 0; j < 16; ++j)
+        acc[j] = _mm512_set1_ps((float)j * 0.01f);
+    for (long i = 0; i < iters; ++i)
+        for (int j = 0; j < 16; ++j)
+            acc[j] = _mm512_fmadd_ps(acc[j], x, y);
+    for (int j = 1; j < 16; ++j)
+        acc[0] = _mm512_add_ps(acc[0], acc[j]);
+    fma_sink = _mm512_reduce_add_ps(acc[0]);
+}
+
+__attribute__((target("avx2,fma"))) static void fma_loop_avx2(long iters) {
+    __m256 acc[12];
+    const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+    for (int j = 0; j < 12; ++j)
+        acc[j] = _mm256_set1_ps((float)j * 0.01f);
+    for (long i = 0; i < iters; ++i)
+        for (int j = 0; j < 12; ++j)
+            acc[j] = _mm256_fmadd_ps(acc[j], x, y);
+    for (int j = 1; j < 12; ++j)
+        acc[0] = _mm256_add_ps(acc[0], acc[j]);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc[0]);
+    fma_sink = lanes[0] + lanes[7];
+}
+#endif
+
+/* Flops of one call at one thread; 0 when this build or CPU cannot run the loop. */
+static double fma_flops_per_thread(path p) {
+#ifdef SDPA_BENCH_X86
+    __builtin_cpu_init();
+    if (p == PATH_FMA_AVX512 && __builtin_cpu_supports("avx512f"))
+        return (double)fma_iters * 16 * 16 * 2;
+    if (p == PATH_FMA_AVX2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return (double)fma_iters * 12 * 8 * 2;
+#else
+    (void)p;
+#endif
+    return 0;
+}
+
+static void *fma_main(void *arg) {
+#ifdef SDPA_BENCH_X86
+    if (*(const path *)arg == PATH_FMA_AVX512)
+        fma_loop_avx512(fma_iters);
+    else
+        fma_loop_avx2(fma_iters);
+#else
+    (void)arg;
+#endif
+    return NULL;
+}
+
+static void fma_peak(path p, int threads) {
+    pthread_t tid[64];
+    int started[64] = {0};
+    path arg = p;
+    if (threads > 64)
+        threads = 64;
+    for (int t = 1; t < threads; ++t)
+        started[t] = pthread_create(&tid[t], NULL, fma_main, &arg) == 0;
+    fma_main(&arg);
+    for (int t = 1; t < threads; ++t) {
+        if (started[t])
+            pthread_join(tid[t], NULL);
+        else
+            fma_main(&arg);
+    }
+}
+
+/* CPU flags that name the reduced-precision hardware paths (Linux /proc/cpuinfo), for the
+ * rows' notes: what a target "with AVX512-BF16" / "with AMX" can be measured on. */
+static char cpu_flags[160] = "unknown";
+static void read_cpu_flags(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    static const char *const wanted[] = {"avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16",
+                                         "amx_tile", "amx_bf16"};
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0)
+            continue;
+        size_t used = 0;
+        cpu_flags[0] = '\0';
+        for (size_t i = 0; i < sizeof wanted / sizeof *wanted; ++i) {
+            char pat[32];
+            snprintf(pat, sizeof pat, " %s", wanted[i]);
+            const char *hit = strstr(line, pat);
+            size_t wl = strlen(pat);
+            if (hit && (hit[wl] == ' ' || hit[wl] == '\n' || hit[wl] == '\0'))
+                used += (size_t)snprintf(cpu_flags + used, sizeof cpu_flags - used, "%s%s", used ? "+" : "",
+                                         wanted[i]);
+        }
+        if (used == 0)
+            snprintf(cpu_flags, sizeof cpu_flags, "none");
+        break;
+    }
+    fclose(f);
+}
 
 /* ------------------------------------------------------------------ config */
 
@@ -152,6 +565,8 @@ typedef struct config {
     int flush_mode; /* 0 none, 1 decode shapes, 2 all shapes */
     size_t flush_bytes;
     int rss_probe;
+    unsigned dtypes;       /* DT_BIT set from --dtypes */
+    const char *isa_cap;   /* SDPA_MAX_ISA as this process sees it, or "native" */
 } config;
 
 /* ------------------------------------------------------------------ helpers */
@@ -287,22 +702,46 @@ static float sum_floats(const float *x, size_t n) {
     return s;
 }
 
+/* The same read for 16-bit words (f16/bf16 storage), summed as integers (no float
+ * interpretation of the bits: no denormal or NaN arithmetic). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static uint32_t sum_words(const uint16_t *x, size_t n) {
+    uint32_t acc[64] = {0};
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int j = 0; j < 64; ++j)
+            acc[j] += x[i + j];
+    for (; i < n; ++i)
+        acc[0] += x[i];
+    uint32_t s = 0;
+    for (int j = 0; j < 64; ++j)
+        s += acc[j];
+    return s;
+}
+
 typedef struct bw_task {
-    const float *a, *b;
-    size_t na, nb;
+    const void *a, *b;
+    size_t na, nb; /* elements */
+    size_t elem;   /* 4 (float) or 2 (16-bit words) */
     float result;
 } bw_task;
 
 static void *bw_main(void *arg) {
     bw_task *t = (bw_task *)arg;
-    t->result = sum_floats(t->a, t->na) + sum_floats(t->b, t->nb);
+    if (t->elem == 4)
+        t->result = sum_floats((const float *)t->a, t->na) + sum_floats((const float *)t->b, t->nb);
+    else
+        t->result = (float)(sum_words((const uint16_t *)t->a, t->na) + sum_words((const uint16_t *)t->b, t->nb));
     return NULL;
 }
 
 static volatile float bw_sink;
 
-/* Read k[0..nk) and v[0..nv) once, split into `threads` contiguous chunks of each. */
-static void bandwidth_floor(const float *k, size_t nk, const float *v, size_t nv, int threads) {
+/* Read k[0..nk) and v[0..nv) (elements of `elem` bytes) once, split into `threads` contiguous
+ * chunks of each. */
+static void bandwidth_floor(const void *k, size_t nk, const void *v, size_t nv, size_t elem, int threads) {
     bw_task tasks[64];
     pthread_t tid[64];
     int started[64] = {0};
@@ -311,7 +750,7 @@ static void bandwidth_floor(const float *k, size_t nk, const float *v, size_t nv
     for (int t = 0; t < threads; ++t) {
         size_t ka = nk * (size_t)t / (size_t)threads, kb = nk * (size_t)(t + 1) / (size_t)threads;
         size_t va = nv * (size_t)t / (size_t)threads, vb = nv * (size_t)(t + 1) / (size_t)threads;
-        tasks[t] = (bw_task){k + ka, v + va, kb - ka, vb - va, 0.0f};
+        tasks[t] = (bw_task){(const char *)k + ka * elem, (const char *)v + va * elem, kb - ka, vb - va, elem, 0.0f};
     }
     for (int t = 1; t < threads; ++t)
         started[t] = pthread_create(&tid[t], NULL, bw_main, &tasks[t]) == 0;
@@ -349,9 +788,10 @@ static void blas_floor(const shape *s, const float *q, const float *k, const flo
 #else
     (void)threads;
 #endif
-    const int64_t L = s->L, S = s->S, E = s->E;
+    const int64_t L = s->L, S = s->S, E = s->E, group = s->H / shape_hkv(s);
     for (int64_t bh = 0; bh < s->B * s->H; ++bh) {
-        const float *qb = q + bh * L * E, *kb = k + bh * S * E, *vb = v + bh * S * E;
+        const int64_t bkv = bh / group; /* (b * H + h) / group = b * Hkv + h / group */
+        const float *qb = q + bh * L * E, *kb = k + bkv * S * E, *vb = v + bkv * S * E;
         float *ob = o + bh * L * E;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)L, (int)S, (int)E, 1.0f, qb, (int)E, kb, (int)E, 0.0f,
                     scores, (int)S);
@@ -368,8 +808,8 @@ static void blas_floor_restore(void) {
 
 /* ------------------------------------------- naive double-precision check */
 
-/* Max abs difference of `out` from a double-precision evaluation on NAIVE_ROWS sampled rows
- * (first and last rows included). */
+/* Max abs difference of `out` (widened to float) from a double-precision evaluation on the
+ * widened inputs, on NAIVE_ROWS sampled rows (first and last rows included). */
 static double naive_check(const shape *s, const float *q, const float *k, const float *v, const float *out) {
     const int64_t L = s->L, S = s->S, E = s->E;
     const double scale = 1.0 / sqrt((double)E);
@@ -379,7 +819,8 @@ static double naive_check(const shape *s, const float *q, const float *k, const 
         int64_t b = idx % s->B, h = (idx * 7) % s->H;
         int64_t i = L > 1 ? (int64_t)idx * (L - 1) / (NAIVE_ROWS - 1) : 0;
         const float *qr = q + ((b * s->H + h) * L + i) * E;
-        const float *kb = k + (b * s->H + h) * S * E, *vb = v + (b * s->H + h) * S * E;
+        const int64_t hkv = h / (s->H / shape_hkv(s));
+        const float *kb = k + (b * shape_hkv(s) + hkv) * S * E, *vb = v + (b * shape_hkv(s) + hkv) * S * E;
         int64_t hi = s->causal ? (i + 1 < S ? i + 1 : S) : S;
         double mx = -INFINITY, sum = 0;
         for (int64_t j = 0; j < hi; ++j) {
@@ -406,36 +847,65 @@ static double naive_check(const shape *s, const float *q, const float *k, const 
     return worst;
 }
 
-/* ------------------------------------------------------------- one shape */
+/* ------------------------------------------------------------- one case */
 
 typedef struct shape_data {
     const shape *s;
-    float *q, *k, *v, *ref_out, *floor_out, *scores;
+    const dtype_combo *dt;
+    float *q, *k, *v;          /* float32 values (for f16/bf16: the stored values, widened) */
+    void *qs, *ks, *vs;        /* the stored inputs (== q, k, v for f32) */
+    void *ref_out;             /* the reference path's output, out dtype */
+    float *ref_f, *out_f;      /* ref_out widened; scratch for a candidate's widened output */
+    float *floor_out, *scores;
     sdpa_tensor tq, tk, tv;
     size_t n_qo, n_kv;
     int have_ref;
+    double tol;                /* max abs difference allowed for this case's dtypes */
 } shape_data;
 
-static sdpa_status run_library(shape_data *d, candidate *c, float *out) {
+/* A view of `data` as a contiguous [d0, d1, d2, d3] tensor of dtype dt (strides in elements, so
+ * the float32 constructor's strides are right for every dtype). */
+static sdpa_status view_4d(sdpa_tensor *t, void *data, int32_t dt, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+    sdpa_status st = sdpa_tensor_init_4d(t, (float *)data, d0, d1, d2, d3);
+    t->dtype = dt;
+    return st;
+}
+
+static sdpa_status run_library(shape_data *d, candidate *c, void *out) {
+    const shape *s = d->s;
     sdpa_tensor tout;
-    sdpa_status st = sdpa_tensor_init_4d(&tout, out, d->s->B, d->s->H, d->s->L, d->s->E);
+    sdpa_status st = view_4d(&tout, out, d->dt->out, s->B, s->H, s->L, s->E);
     if (st != SDPA_OK)
         return st;
     sdpa_options o;
-    sdpa_options_init(&o);
-    o.causal = d->s->causal;
+    if (path_is_prev(c->path))
+        prev_options(&o);
+    else
+        sdpa_options_init(&o);
+    o.causal = s->causal;
     o.num_threads = c->threads;
     o.kernel = path_kernel(c->path);
+    if (path_is_prev(c->path))
+        return prev.attention(&d->tq, &d->tk, &d->tv, &o, &tout, NULL, NULL);
     return sdpa_attention(&d->tq, &d->tk, &d->tv, &o, &tout, NULL, NULL);
 }
 
 /* One call of candidate c; returns its time in ms, or a negative value if it failed. */
 static double call_candidate(shape_data *d, candidate *c, const config *cfg, int record_diff) {
     const shape *s = d->s;
-    if (cfg->flush_mode == 2 || (cfg->flush_mode == 1 && s->L <= 4))
+    if (cfg->flush_mode == 2 || (cfg->flush_mode == 1 && s->L <= 4 && s->L > 0))
         flush_caches();
     double t0, t1, c0, c1;
     switch (c->path) {
+    case PATH_FMA_AVX512:
+    case PATH_FMA_AVX2:
+        c0 = cpu_ms();
+        t0 = now_ms();
+        fma_peak(c->path, c->threads);
+        t1 = now_ms();
+        c1 = cpu_ms();
+        last_cpu_ms = c1 - c0;
+        return t1 - t0;
     case PATH_BLAS_FLOOR:
         c0 = cpu_ms();
         t0 = now_ms();
@@ -448,7 +918,7 @@ static double call_candidate(shape_data *d, candidate *c, const config *cfg, int
     case PATH_BW_FLOOR:
         c0 = cpu_ms();
         t0 = now_ms();
-        bandwidth_floor(d->k, d->n_kv, d->v, d->n_kv, c->threads);
+        bandwidth_floor(d->ks, d->n_kv, d->vs, d->n_kv, dtype_size(d->dt->kv), c->threads);
         t1 = now_ms();
         c1 = cpu_ms();
         last_cpu_ms = c1 - c0;
@@ -460,18 +930,24 @@ static double call_candidate(shape_data *d, candidate *c, const config *cfg, int
         t1 = now_ms();
         c1 = cpu_ms();
         last_cpu_ms = c1 - c0;
+        const int prevp = path_is_prev(c->path);
         if (st != SDPA_OK) {
-            c->state = st == SDPA_ERR_UNSUPPORTED ? CAND_UNSUPPORTED : CAND_ERROR;
-            snprintf(c->note, sizeof c->note, "%s:%s", sdpa_status_string(st), sdpa_last_error_message());
+            /* An f16/bf16 case the library does not compute yet is "unsupported", not a failure. */
+            int unsupported = st == SDPA_ERR_UNSUPPORTED || (st == SDPA_ERR_DTYPE && d->dt != &dtype_combos[DT_F32]);
+            c->state = unsupported ? CAND_UNSUPPORTED : CAND_ERROR;
+            snprintf(c->note, sizeof c->note, "%s%s:%s", st == SDPA_ERR_DTYPE && unsupported ? "not_run:" : "",
+                     prevp ? prev.status_string(st) : sdpa_status_string(st),
+                     prevp ? prev.last_error_message() : sdpa_last_error_message());
             sanitize(c->note);
             return -1;
         }
-        snprintf(c->kernel, sizeof c->kernel, "%s", sdpa_last_kernel());
+        snprintf(c->kernel, sizeof c->kernel, "%s", prevp ? prev.last_kernel() : sdpa_last_kernel());
         sanitize(c->kernel);
         if (c->kernel[0] == '\0')
             snprintf(c->kernel, sizeof c->kernel, "?");
         if (record_diff && d->have_ref) {
-            double diff = max_abs_diff(c->out, d->ref_out, d->n_qo);
+            widen_into(d->out_f, c->out, d->n_qo, d->dt->out);
+            double diff = max_abs_diff(d->out_f, d->ref_f, d->n_qo);
             if (isnan(c->diff_ref) || diff > c->diff_ref)
                 c->diff_ref = diff;
         }
@@ -483,15 +959,20 @@ static double call_candidate(shape_data *d, candidate *c, const config *cfg, int
 static size_t workspace_for(shape_data *d, const candidate *c) {
     if (c->path == PATH_BLAS_FLOOR)
         return (size_t)d->s->L * (size_t)d->s->S * sizeof(float);
-    if (c->path == PATH_BW_FLOOR)
+    if (!path_is_library(c->path))
         return 0;
     sdpa_options o;
-    sdpa_options_init(&o);
+    if (path_is_prev(c->path))
+        prev_options(&o);
+    else
+        sdpa_options_init(&o);
     o.causal = d->s->causal;
     o.num_threads = c->threads;
     o.kernel = path_kernel(c->path);
     size_t bytes = 0;
-    return sdpa_attention_workspace_size(&d->tq, &d->tk, &d->tv, &o, 0, &bytes) == SDPA_OK ? bytes : 0;
+    sdpa_status st = path_is_prev(c->path) ? prev.workspace_size(&d->tq, &d->tk, &d->tv, &o, 0, &bytes)
+                                           : sdpa_attention_workspace_size(&d->tq, &d->tk, &d->tv, &o, 0, &bytes);
+    return st == SDPA_OK ? bytes : 0;
 }
 
 static FILE *csv_file;
@@ -510,6 +991,7 @@ static void report(const shape_data *d, const candidate *c, const config *cfg) {
     shape_name(s, name, sizeof name);
     const char *status = c->state == CAND_OK ? "ok" : c->state == CAND_UNSUPPORTED ? "unsupported" : "error";
     double med = NAN, mn = NAN, mx = NAN, gfd = NAN, gfe = NAN, gbs = NAN, cores = NAN;
+    const double kv_bytes = 2.0 * (double)d->n_kv * (double)dtype_size(d->dt->kv);
     if (c->state == CAND_OK && c->ntimes > 0) {
         med = median_of(c->times, c->ntimes);
         mn = mx = c->times[0];
@@ -520,17 +1002,19 @@ static void report(const shape_data *d, const candidate *c, const config *cfg) {
         double bh = (double)s->B * (double)s->H;
         double dense = 4.0 * bh * (double)s->L * (double)s->S * (double)s->E;
         double eff = 4.0 * bh * allowed_pairs(s) * (double)s->E;
-        if (c->path != PATH_BW_FLOOR) {
+        if (path_is_fma(c->path)) {
+            gfd = gfe = fma_flops_per_thread(c->path) * c->threads / (med * 1e6);
+        } else if (c->path != PATH_BW_FLOOR) {
             gfd = dense / (med * 1e6);
             gfe = (c->path == PATH_BLAS_FLOOR ? dense : eff) / (med * 1e6);
         }
-        if (s->L <= 4)
-            gbs = 2.0 * (double)d->n_kv * sizeof(float) / (med * 1e6);
+        if (s->L <= 4 && s->L > 0)
+            gbs = kv_bytes / (med * 1e6);
         if (c->wall_ms_sum >= 100) /* process CPU time is accounted per scheduler tick: '-' below 100 ms */
             cores = c->cpu_ms_sum / c->wall_ms_sum;
     }
     int wrong = path_is_library(c->path) && c->state == CAND_OK &&
-                (!(c->diff_ref <= cfg->tol || isnan(c->diff_ref)) || !(c->diff_naive <= cfg->tol));
+                (!(c->diff_ref <= d->tol || isnan(c->diff_ref)) || !(c->diff_naive <= d->tol));
     if (wrong) {
         status = "wrong";
         any_failure = 1;
@@ -556,56 +1040,148 @@ static void report(const shape_data *d, const candidate *c, const config *cfg) {
         snprintf(srss_bytes, sizeof srss_bytes, "%lld", c->rss_growth);
     const char *kernel = c->kernel[0] ? c->kernel : "-";
     const char *note = c->note[0] ? c->note : "-";
-    printf("%-30s %-11s %3d %-11s %-16s %4d %11s %11s %9s %9s %8s %5s %9s %9s %9s %9s  %s\n", name,
-           path_names[c->path], c->threads, status, kernel, c->ntimes, smed, smin, sgfd, sgfe, sgbs, scores, sws, srss,
-           sdr, sdn, note);
+    printf("%-30s %-15s %-6s %3d %-11s %-18s %4d %11s %11s %9s %9s %8s %5s %9s %9s %9s %9s  %s\n", name,
+           path_names[c->path], d->dt->name, c->threads, status, kernel, c->ntimes, smed, smin, sgfd, sgfe, sgbs,
+           scores, sws, srss, sdr, sdn, note);
     fflush(stdout);
     if (csv_file) {
-        fprintf(csv_file, "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%s,%d,%s,%s,%d,%s,%s,%s,%s,%s,%s,%s,%zu,%s,%s,%s,%s,%s\n",
-                name,
-                s->kind, (long long)s->B, (long long)s->H, (long long)s->L, (long long)s->S, (long long)s->E,
-                (long long)s->E, s->causal, path_names[c->path], c->threads, status, kernel, c->ntimes, smed, smin, smax,
-                sgfd, sgfe, sgbs, scores, c->ws_bytes, srss_bytes, sdr, sdn, blas_core, note);
+        fprintf(csv_file,
+                "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%s,%d,%s,%s,%d,%s,%s,%s,%s,%s,%s,%s,%zu,%s,%s,%s,%s,%s,"
+                "%lld,%s,%s,%s,%s,%s,%g,%.0f,%s,%s\n",
+                name, s->kind, (long long)s->B, (long long)s->H, (long long)s->L, (long long)s->S, (long long)s->E,
+                (long long)s->E, s->causal, path_names[c->path], c->threads, status, kernel, c->ntimes, smed, smin,
+                smax, sgfd, sgfe, sgbs, scores, c->ws_bytes, srss_bytes, sdr, sdn, blas_core, note,
+                (long long)shape_hkv(s), d->dt->name, dtype_name(d->dt->q), dtype_name(d->dt->kv),
+                dtype_name(d->dt->out), cfg->isa_cap, d->tol, kv_bytes, cpu_flags,
+                path_is_prev(c->path) ? prev.version : sdpa_version_string());
         fflush(csv_file);
     }
 }
 
-static void bench_shape(const shape *s, const config *cfg) {
+static void add_candidate(candidate *c, path p, int threads, const shape_data *d) {
+    c->path = p;
+    c->threads = threads;
+    c->state = CAND_OK;
+    c->rss_growth = -1;
+    c->diff_ref = NAN;
+    c->diff_naive = NAN;
+    if (path_is_library(p)) {
+        size_t bytes = d->n_qo * dtype_size(d->dt->out);
+        c->out = xalloc(bytes);
+        memset(c->out, 0, bytes);
+    }
+    if (p == PATH_BLAS_FLOOR) {
+#ifdef SDPA_BENCH_OPENBLAS_THREADS
+        snprintf(c->note, sizeof c->note, "openblas_threads=%d", threads);
+#else
+        snprintf(c->note, sizeof c->note, "blas_default_threads");
+#endif
+    }
+    if (path_is_fma(p)) {
+        if (fma_flops_per_thread(p) == 0) {
+            c->state = CAND_UNSUPPORTED;
+            snprintf(c->note, sizeof c->note, "not_run:CPU_or_build_lacks_%s;cpu=%s", path_names[p] + 4, cpu_flags);
+        } else {
+            snprintf(c->note, sizeof c->note, "iters=%ld;cpu=%s", fma_iters, cpu_flags);
+        }
+    }
+}
+
+/* Does the case run this path? */
+static int case_has_path(const shape *s, const dtype_combo *dt, path p) {
+    const int peak = !strcmp(s->kind, "peak"), f32 = dt == &dtype_combos[DT_F32], small_l = s->L <= 4;
+    if (peak)
+        return path_is_fma(p);
+    switch (p) {
+    case PATH_BLAS_FLOOR: return f32;
+    case PATH_BW_FLOOR: return small_l;
+    case PATH_REFERENCE: return f32; /* f16/bf16: the untimed reference output only */
+    case PATH_TILED:
+    case PATH_AUTO: return 1;
+    case PATH_DECODE: return small_l;
+    case PATH_PREV_TILED:
+    case PATH_PREV_AUTO: return f32 && prev.handle != NULL;
+    case PATH_PREV_DECODE: return f32 && small_l && prev.handle != NULL;
+    default: return 0;
+    }
+}
+
+static void bench_case(const shape *s, const dtype_combo *dt, const config *cfg) {
     shape_data d;
     memset(&d, 0, sizeof d);
     d.s = s;
+    d.dt = dt;
+    const int peak = !strcmp(s->kind, "peak");
+    const int64_t Hkv = shape_hkv(s);
     d.n_qo = (size_t)(s->B * s->H * s->L * s->E);
-    d.n_kv = (size_t)(s->B * s->H * s->S * s->E);
-    d.q = (float *)xalloc(d.n_qo * sizeof(float));
-    d.k = (float *)xalloc(d.n_kv * sizeof(float));
-    d.v = (float *)xalloc(d.n_kv * sizeof(float));
-    d.ref_out = (float *)xalloc(d.n_qo * sizeof(float));
-    d.floor_out = (float *)xalloc(d.n_qo * sizeof(float));
-    d.scores = (float *)xalloc((size_t)(s->L * s->S) * sizeof(float));
-    for (size_t i = 0; i < d.n_qo; ++i)
-        d.q[i] = rand_uniform();
-    for (size_t i = 0; i < d.n_kv; ++i)
-        d.k[i] = rand_uniform();
-    for (size_t i = 0; i < d.n_kv; ++i)
-        d.v[i] = rand_uniform();
-    memset(d.ref_out, 0, d.n_qo * sizeof(float));
-    memset(d.floor_out, 0, d.n_qo * sizeof(float));
-    memset(d.scores, 0, (size_t)(s->L * s->S) * sizeof(float));
-    if (sdpa_tensor_init_4d(&d.tq, d.q, s->B, s->H, s->L, s->E) != SDPA_OK ||
-        sdpa_tensor_init_4d(&d.tk, d.k, s->B, s->H, s->S, s->E) != SDPA_OK ||
-        sdpa_tensor_init_4d(&d.tv, d.v, s->B, s->H, s->S, s->E) != SDPA_OK) {
-        fprintf(stderr, "sdpa-bench: cannot build views: %s\n", sdpa_last_error_message());
-        exit(1);
-    }
-
-    /* The reference output every library call is compared with (untimed). */
+    d.n_kv = (size_t)(s->B * Hkv * s->S * s->E);
+    /* Tolerance: float32 rounding (--tol) for f32 storage; for f16/bf16 storage twice the machine
+     * epsilon of the narrowest dtype among q, k, v and out (values are in [-1, 1), so this covers
+     * rounding out once, and probabilities rounded to V's dtype for P.V where a precision setting
+     * allows it). */
+    d.tol = cfg->tol;
     {
+        double eps = dtype_eps(dt->q);
+        eps = dtype_eps(dt->kv) > eps ? dtype_eps(dt->kv) : eps;
+        eps = dtype_eps(dt->out) > eps ? dtype_eps(dt->out) : eps;
+        if (2 * eps > d.tol)
+            d.tol = 2 * eps;
+    }
+    if (!peak) {
+        d.q = (float *)xalloc(d.n_qo * sizeof(float));
+        d.k = (float *)xalloc(d.n_kv * sizeof(float));
+        d.v = (float *)xalloc(d.n_kv * sizeof(float));
+        for (size_t i = 0; i < d.n_qo; ++i)
+            d.q[i] = rand_uniform();
+        for (size_t i = 0; i < d.n_kv; ++i)
+            d.k[i] = rand_uniform();
+        for (size_t i = 0; i < d.n_kv; ++i)
+            d.v[i] = rand_uniform();
+        /* Reduced storage: round to the dtype, then widen back, so q/k/v hold the exact values
+         * the library sees (the double evaluation and the floors use those). */
+        d.qs = d.q;
+        d.ks = d.k;
+        d.vs = d.v;
+        if (dt->q != SDPA_DTYPE_F32) {
+            d.qs = xalloc(d.n_qo * dtype_size(dt->q));
+            narrow_into(d.qs, d.q, d.n_qo, dt->q);
+            widen_into(d.q, d.qs, d.n_qo, dt->q);
+        }
+        if (dt->kv != SDPA_DTYPE_F32) {
+            d.ks = xalloc(d.n_kv * dtype_size(dt->kv));
+            d.vs = xalloc(d.n_kv * dtype_size(dt->kv));
+            narrow_into(d.ks, d.k, d.n_kv, dt->kv);
+            widen_into(d.k, d.ks, d.n_kv, dt->kv);
+            narrow_into(d.vs, d.v, d.n_kv, dt->kv);
+            widen_into(d.v, d.vs, d.n_kv, dt->kv);
+        }
+        d.ref_out = xalloc(d.n_qo * dtype_size(dt->out));
+        memset(d.ref_out, 0, d.n_qo * dtype_size(dt->out));
+        d.ref_f = (float *)xalloc(d.n_qo * sizeof(float));
+        d.out_f = (float *)xalloc(d.n_qo * sizeof(float));
+        if (dt == &dtype_combos[DT_F32]) {
+            d.floor_out = (float *)xalloc(d.n_qo * sizeof(float));
+            d.scores = (float *)xalloc((size_t)(s->L * s->S) * sizeof(float));
+            memset(d.floor_out, 0, d.n_qo * sizeof(float));
+            memset(d.scores, 0, (size_t)(s->L * s->S) * sizeof(float));
+        }
+        if (view_4d(&d.tq, d.qs, dt->q, s->B, s->H, s->L, s->E) != SDPA_OK ||
+            view_4d(&d.tk, d.ks, dt->kv, s->B, Hkv, s->S, s->E) != SDPA_OK ||
+            view_4d(&d.tv, d.vs, dt->kv, s->B, Hkv, s->S, s->E) != SDPA_OK) {
+            fprintf(stderr, "sdpa-bench: cannot build views: %s\n", sdpa_last_error_message());
+            exit(1);
+        }
+
+        /* The reference output every library call is compared with (untimed). */
         candidate rc;
         memset(&rc, 0, sizeof rc);
         rc.path = PATH_REFERENCE;
         rc.threads = cfg->threads[cfg->nthreads - 1];
-        d.have_ref = run_library(&d, &rc, d.ref_out) == SDPA_OK;
-        if (!d.have_ref)
+        sdpa_status st = run_library(&d, &rc, d.ref_out);
+        d.have_ref = st == SDPA_OK;
+        if (d.have_ref)
+            widen_into(d.ref_f, d.ref_out, d.n_qo, dt->out);
+        else if (!(st == SDPA_ERR_DTYPE && dt != &dtype_combos[DT_F32]))
             fprintf(stderr, "sdpa-bench: reference path failed: %s\n", sdpa_last_error_message());
     }
 
@@ -616,28 +1192,10 @@ static void bench_shape(const shape *s, const config *cfg) {
     }
     int nc = 0;
     for (int p = 0; p < PATH_COUNT; ++p) {
-        if ((p == PATH_BW_FLOOR || p == PATH_DECODE) && s->L > 4)
+        if (!case_has_path(s, dt, (path)p))
             continue;
-        for (int t = 0; t < cfg->nthreads; ++t) {
-            candidate *c = &cands[nc++];
-            c->path = (path)p;
-            c->threads = cfg->threads[t];
-            c->state = CAND_OK;
-            c->rss_growth = -1;
-            c->diff_ref = NAN;
-            c->diff_naive = NAN;
-            if (path_is_library(c->path)) {
-                c->out = (float *)xalloc(d.n_qo * sizeof(float));
-                memset(c->out, 0, d.n_qo * sizeof(float));
-            }
-            if (c->path == PATH_BLAS_FLOOR) {
-#ifdef SDPA_BENCH_OPENBLAS_THREADS
-                snprintf(c->note, sizeof c->note, "openblas_threads=%d", c->threads);
-#else
-                snprintf(c->note, sizeof c->note, "blas_default_threads");
-#endif
-            }
-        }
+        for (int t = 0; t < cfg->nthreads; ++t)
+            add_candidate(&cands[nc++], (path)p, cfg->threads[t], &d);
     }
 
     /* Warm-up, then one untimed memory probe per candidate. */
@@ -656,7 +1214,7 @@ static void bench_shape(const shape *s, const config *cfg) {
             slowest = t;
     }
 
-    /* Repetitions: raise them for cheap shapes so each candidate runs about min_time_ms. */
+    /* Repetitions: raise them for cheap cases so each candidate runs about min_time_ms. */
     int reps = cfg->reps;
     if (cfg->min_time_ms > 0 && slowest > 0) {
         double want = ceil(cfg->min_time_ms / slowest);
@@ -666,8 +1224,9 @@ static void bench_shape(const shape *s, const config *cfg) {
     /* OpenBLAS's worker threads keep spinning for a while (about 0.1 s here) after a threaded
      * call returns, and a BLAS-free call made meanwhile shares the cores with them. So the
      * rounds run in two phases: first the candidates that use no BLAS (tiled, decode, AUTO,
-     * bw-floor), after one untimed pause that lets the warm-up's BLAS threads go to sleep, then
-     * those that do (blas-floor, reference). Within a phase, candidates interleave round-robin. */
+     * bw-floor, prev-0.3's tiled/decode/AUTO, the FMA probe), after one untimed pause that lets
+     * the warm-up's BLAS threads go to sleep, then those that do (blas-floor, reference).
+     * Within a phase, candidates interleave round-robin. */
     for (int phase = 0; phase < 2; ++phase) {
         if (phase == 0 && cfg->blas_quiet_ms > 0) {
             struct timespec ts = {(time_t)(cfg->blas_quiet_ms / 1000.0),
@@ -694,16 +1253,26 @@ static void bench_shape(const shape *s, const config *cfg) {
 
     for (int i = 0; i < nc; ++i) {
         candidate *c = &cands[i];
-        if (path_is_library(c->path) && c->state == CAND_OK)
-            c->diff_naive = naive_check(s, d.q, d.k, d.v, c->out);
+        if (path_is_library(c->path) && c->state == CAND_OK) {
+            widen_into(d.out_f, c->out, d.n_qo, dt->out);
+            c->diff_naive = naive_check(s, d.q, d.k, d.v, d.out_f);
+        }
         report(&d, c, cfg);
         free(c->out);
     }
     free(cands);
+    if (d.qs != d.q)
+        free(d.qs);
+    if (d.ks != d.k)
+        free(d.ks);
+    if (d.vs != d.v)
+        free(d.vs);
     free(d.q);
     free(d.k);
     free(d.v);
     free(d.ref_out);
+    free(d.ref_f);
+    free(d.out_f);
     free(d.floor_out);
     free(d.scores);
 }
@@ -715,6 +1284,7 @@ static void usage(FILE *f) {
             "usage: sdpa-bench [--smoke] [--reps N] [--warmup N] [--min-time-ms T] [--threads 1,2]\n"
             "                  [--shapes SUBSTR[,SUBSTR...]] [--csv FILE] [--tol X]\n"
             "                  [--flush decode|all|none] [--flush-mb N] [--no-rss] [--list]\n"
+            "                  [--dtypes f32,f16kv,bf16kv,bf16] [--baseline PATH|none] [--self-test]\n"
             "  --smoke        tiny shapes, 2 repetitions (the meson test)\n"
             "  --reps N       timed repetitions per candidate (default 5; smoke 2)\n"
             "  --warmup N     untimed calls per candidate before the memory probe (default 1)\n"
@@ -724,10 +1294,17 @@ static void usage(FILE *f) {
             "                 OpenBLAS's spinning idle threads do not take its cores (default 200;\n"
             "                 smoke 0)\n"
             "  --threads      thread counts (default 1,2)\n"
-            "  --shapes       keep shapes whose name contains one of the substrings\n"
-            "                 (names: dense-1x8x128x128x64, causal-..., cross-..., decode-..., memory-...)\n"
+            "  --shapes       keep shapes whose name contains one of the substrings (names:\n"
+            "                 peak-fma, dense-1x8x128x128x64, causal-..., cross-..., decode-..., gqa-...-kv8,\n"
+            "                 memory-...)\n"
+            "  --dtypes       dtype combinations to run, where a shape has them (default all):\n"
+            "                 f32; f16kv / bf16kv = f32 q and out, f16 / bf16 k and v; bf16 = all bf16\n"
+            "  --baseline P   a previous release's libsdpa.so (0.3.x) for the prev-0.3 candidates;\n"
+            "                 default: the meson option bench_baseline; 'none': do not load one\n"
+            "  --self-test    check the f16/bf16 conversion helpers and exit\n"
             "  --csv FILE     also write the rows as CSV\n"
-            "  --tol X        max abs difference allowed against the reference (default 1e-4)\n"
+            "  --tol X        max abs difference allowed against the reference for f32 storage\n"
+            "                 (default 1e-4; f16/bf16 cases: at least 2x the dtype's epsilon)\n"
             "  --flush        read a buffer of --flush-mb before each call (default: decode shapes)\n"
             "  --flush-mb N   size of that buffer (default 2x the last-level cache, 64..1024)\n"
             "  --no-rss       skip the peak-RSS probe\n"
@@ -750,6 +1327,26 @@ static int parse_threads(const char *arg, config *cfg) {
             return 0;
     }
     return cfg->nthreads > 0;
+}
+
+static int parse_dtypes(const char *arg, unsigned *out) {
+    *out = 0;
+    const char *p = arg;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        int found = 0;
+        for (int d = 0; d < DT_COUNT; ++d)
+            if (strlen(dtype_combos[d].name) == n && !strncmp(p, dtype_combos[d].name, n)) {
+                *out |= DT_BIT(d);
+                found = 1;
+            }
+        if (!found)
+            return 0;
+        p += n;
+        if (*p == ',')
+            ++p;
+    }
+    return *out != 0;
 }
 
 static int shape_selected(const shape *s, const char *filter) {
@@ -786,8 +1383,14 @@ int main(int argc, char **argv) {
     cfg.tol = 1e-4;
     cfg.flush_mode = 1;
     cfg.rss_probe = 1;
+    cfg.dtypes = DT_ALL;
     long flush_mb = -1;
-    int list = 0;
+    int list = 0, self_test = 0;
+#ifdef SDPA_BENCH_BASELINE_DEFAULT
+    const char *baseline = SDPA_BENCH_BASELINE_DEFAULT;
+#else
+    const char *baseline = "";
+#endif
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -797,6 +1400,17 @@ int main(int argc, char **argv) {
             list = 1;
         else if (!strcmp(a, "--no-rss"))
             cfg.rss_probe = 0;
+        else if (!strcmp(a, "--self-test"))
+            self_test = 1;
+        else if (val && !strcmp(a, "--baseline"))
+            baseline = !strcmp(val, "none") ? "" : val, ++i;
+        else if (val && !strcmp(a, "--dtypes")) {
+            if (!parse_dtypes(val, &cfg.dtypes)) {
+                fprintf(stderr, "sdpa-bench: --dtypes wants a list of f32, f16kv, bf16kv, bf16\n");
+                return 2;
+            }
+            ++i;
+        }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -851,14 +1465,28 @@ int main(int argc, char **argv) {
         cfg.blas_quiet_ms = cfg.smoke ? 0 : 200;
     const shape *shapes = cfg.smoke ? smoke_shapes : full_shapes;
     size_t nshapes = cfg.smoke ? sizeof smoke_shapes / sizeof *smoke_shapes : sizeof full_shapes / sizeof *full_shapes;
-    if (list) {
+    if (self_test)
+        return conversion_self_test() ? 0 : 1;
+    if (list) { /* shape name, then the dtype combinations it runs with (after --dtypes) */
         for (size_t i = 0; i < nshapes; ++i) {
             char name[96];
             shape_name(&shapes[i], name, sizeof name);
-            printf("%s\n", name);
+            printf("%s", name);
+            for (int dt = 0; dt < DT_COUNT; ++dt)
+                if (shapes[i].dtypes & cfg.dtypes & DT_BIT(dt))
+                    printf(" %s", dtype_combos[dt].name);
+            printf("\n");
         }
         return 0;
     }
+    const char *isa_env = getenv("SDPA_MAX_ISA");
+    cfg.isa_cap = isa_env && *isa_env ? isa_env : "native";
+    read_cpu_flags();
+    if (cfg.smoke)
+        fma_iters = 20000;
+    int prev_wanted = baseline[0] != '\0';
+    if (prev_wanted && !prev_load(baseline))
+        return 2;
 
 #ifdef SDPA_BENCH_OPENBLAS_THREADS
     openblas_default_threads = openblas_get_num_threads();
@@ -891,7 +1519,8 @@ int main(int argc, char **argv) {
         }
         fprintf(csv_file, "shape,kind,B,H,L,S,E,Ev,causal,path,threads,status,kernel,reps,median_ms,min_ms,max_ms,"
                           "gflops_dense,gflops_eff,gbps,cpu_cores,ws_bytes,rss_growth_bytes,max_abs_diff_ref,max_abs_diff_naive,"
-                          "blas_core,note\n");
+                          "blas_core,note,Hkv,dtype,q_dtype,kv_dtype,out_dtype,isa_cap,tol,kv_bytes,cpu_flags,"
+                          "lib_version\n");
     }
 
     long long rss_check = rss_probe_begin();
@@ -926,15 +1555,31 @@ int main(int argc, char **argv) {
            "growth of one untimed call (%s)\n",
            !cfg.rss_probe ? "disabled" : rss_check >= 0 ? "malloc_trim, /proc/self/clear_refs 5, VmHWM - VmRSS"
                                                          : "unavailable: /proc/self/clear_refs not writable");
-    printf("%-30s %-11s %3s %-11s %-16s %4s %11s %11s %9s %9s %8s %5s %9s %9s %9s %9s  %s\n", "shape", "path", "thr",
-           "status", "kernel", "reps", "median_ms", "min_ms", "GF/s", "GF/s_eff", "GB/s", "cores", "ws_MiB", "rss_MiB",
-           "diff_ref", "diff_naive", "note");
+    printf("# SDPA_MAX_ISA=%s; CPU flags %s; FMA probe %ld iterations per thread and call\n", cfg.isa_cap, cpu_flags,
+           fma_iters);
+    if (prev.handle)
+        printf("# prev-0.3: libsdpa %s from %s (dlopen RTLD_LOCAL%s; options struct_size %zu)\n", prev.version,
+               prev.path,
+#if defined(RTLD_DEEPBIND) && !defined(__SANITIZE_ADDRESS__) && !defined(SDPA_BENCH_SANITIZED)
+               " | RTLD_DEEPBIND",
+#else
+               "",
+#endif
+               (size_t)PREV_OPTIONS_SIZE);
+    else
+        printf("# prev-0.3: not run (no baseline library configured: --baseline PATH or meson -Dbench_baseline=PATH; "
+               "bench/build_baseline.sh builds one)\n");
+    printf("%-30s %-15s %-6s %3s %-11s %-18s %4s %11s %11s %9s %9s %8s %5s %9s %9s %9s %9s  %s\n", "shape", "path",
+           "dtype", "thr", "status", "kernel", "reps", "median_ms", "min_ms", "GF/s", "GF/s_eff", "GB/s", "cores",
+           "ws_MiB", "rss_MiB", "diff_ref", "diff_naive", "note");
     fflush(stdout);
 
     double t_start = now_ms();
     for (size_t i = 0; i < nshapes; ++i)
         if (shape_selected(&shapes[i], cfg.shapes_filter))
-            bench_shape(&shapes[i], &cfg);
+            for (int dt = 0; dt < DT_COUNT; ++dt)
+                if (shapes[i].dtypes & cfg.dtypes & DT_BIT(dt))
+                    bench_case(&shapes[i], &dtype_combos[dt], &cfg);
     printf("# done in %.1f s%s\n", (now_ms() - t_start) / 1e3, any_failure ? "; FAILURES (see status column)" : "");
     if (csv_file)
         fclose(csv_file);
