@@ -243,22 +243,22 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
     if (o->allow_mask != NULL) {
         const sdpa_allow_mask *m = o->allow_mask;
         if ((st = sdpa__check_mask(FN, "allow_mask", m)) != SDPA_OK) return st;
-        if ((st = sdpa__broadcast4(FN, "allow_mask", m->rank, m->shape, m->strides, target, p->mask.strides)) != SDPA_OK)
+        if ((st = sdpa__broadcast4(FN, "allow_mask", m->rank, m->shape, m->strides, target, p->rules.mask.strides)) != SDPA_OK)
             return st;
         int64_t numel = 1;
         for (int32_t d = 0; d < m->rank; ++d) numel *= m->shape[d];
-        p->has_mask = numel > 0;
-        p->mask.data = m->data;
+        p->rules.has_mask = numel > 0;
+        p->rules.mask.data = m->data;
     }
     if (o->bias != NULL) {
         const sdpa_tensor *bt = o->bias;
         if ((st = sdpa__check_tensor(bt, FN, "bias", 1, 4)) != SDPA_OK) return st;
-        if ((st = sdpa__broadcast4(FN, "bias", bt->rank, bt->shape, bt->strides, target, p->bias.strides)) != SDPA_OK)
+        if ((st = sdpa__broadcast4(FN, "bias", bt->rank, bt->shape, bt->strides, target, p->rules.bias.strides)) != SDPA_OK)
             return st;
         int64_t numel = 1;
         for (int32_t d = 0; d < bt->rank; ++d) numel *= bt->shape[d];
-        p->has_bias = numel > 0;
-        p->bias.data = bt->data;
+        p->rules.has_bias = numel > 0;
+        p->rules.bias.data = bt->data;
     }
 
     /* Outputs must not overlap inputs or each other. */
@@ -306,14 +306,16 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
 
     p->scale = o->scale > 0.0f ? o->scale : (float)(1.0 / sqrt((double)p->E));
     p->softcap = o->softcap;
-    p->causal = o->causal;
-    p->alignment = o->alignment;
-    p->query_offsets = o->query_offsets;
+    p->rules.L = p->L;
+    p->rules.S = p->S;
+    p->rules.causal = o->causal;
+    p->rules.alignment = o->alignment;
+    p->rules.query_offsets = o->query_offsets;
     /* Without sliding_window both sides are unbounded; windows beyond 2^62 are too. */
-    p->window_left = !o->sliding_window || o->window_left > SDPA__MAX_WINDOW ? -1 : o->window_left;
-    p->window_right = !o->sliding_window || o->window_right > SDPA__MAX_WINDOW ? -1 : o->window_right;
-    p->key_lengths = o->key_lengths;
-    p->query_lengths = o->query_lengths;
+    p->rules.window_left = !o->sliding_window || o->window_left > SDPA__MAX_WINDOW ? -1 : o->window_left;
+    p->rules.window_right = !o->sliding_window || o->window_right > SDPA__MAX_WINDOW ? -1 : o->window_right;
+    p->rules.key_lengths = o->key_lengths;
+    p->rules.query_lengths = o->query_lengths;
     p->empty_rows = o->empty_rows;
     p->weights_stage = o->weights_stage;
     p->check_finite = o->skip_finite_check == 0;
@@ -324,28 +326,6 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
     p->dropout_offset = o->dropout_offset;
     p->row_block = p->L < 64 ? (p->L > 0 ? p->L : 1) : 64;
     return SDPA_OK;
-}
-
-void sdpa__row_range(const sdpa__plan *p, int64_t b, int64_t i, int64_t *lo_out, int64_t *hi_out) {
-    int64_t Sb = p->key_lengths ? p->key_lengths[b] : p->S;
-    int64_t lo = 0, hi = Sb;
-    if (p->causal || p->window_left >= 0 || p->window_right >= 0) {
-        int64_t pos = i;
-        if (p->alignment == SDPA_ALIGN_BOTTOM_RIGHT)
-            pos = i + Sb - (p->query_lengths ? p->query_lengths[b] : p->L);
-        else if (p->alignment == SDPA_ALIGN_OFFSETS)
-            pos = i + p->query_offsets[b];
-        if (p->causal && pos + 1 < hi)
-            hi = pos + 1;
-        if (p->window_right >= 0 && pos + p->window_right + 1 < hi)
-            hi = pos + p->window_right + 1;
-        if (p->window_left >= 0 && pos - p->window_left > lo)
-            lo = pos - p->window_left;
-    }
-    if (hi < lo)
-        hi = lo;
-    *lo_out = lo;
-    *hi_out = hi;
 }
 
 /* ---- value checks (before any write): empty rows under policy ERROR, and the finite check ----
@@ -379,16 +359,16 @@ static size_t check_per_thread(const sdpa__plan *p) {
 static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *cnt, check_err *e) {
     const sdpa__plan *p = c->p;
     const bool fin = p->check_finite, kv = fin && c->check_kv;
-    const bool plain = !p->has_mask && !p->has_bias;
+    const bool plain = !p->rules.has_mask && !p->rules.has_bias;
     uint8_t *used = (uint8_t *)cnt; /* with a mask or bias: S flags */
     if (kv)
         memset(cnt, 0, plain ? (size_t)(p->S + 1) * sizeof(int32_t) : (size_t)p->S);
     for (int64_t h = g * p->group; h < (g + 1) * p->group; ++h) {
         for (int64_t i = 0; i < p->L; ++i) {
-            if (sdpa__row_is_padding(p, b, i))
+            if (sdpa__rule_is_padding(&p->rules, b, i))
                 continue;
             int64_t lo, hi;
-            sdpa__row_range(p, b, i, &lo, &hi);
+            sdpa__rule_range(&p->rules, b, i, &lo, &hi);
             bool any = false;
             if (plain) {
                 any = lo < hi;
@@ -397,13 +377,13 @@ static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *c
                     cnt[hi]--;
                 }
             } else {
-                const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
+                const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
                 for (int64_t j = lo; j < hi; ++j) {
-                    if (p->has_mask && !sdpa__mask_allows(p, b, h, i, j))
+                    if (p->rules.has_mask && !sdpa__rule_mask_allows(&p->rules, b, h, i, j))
                         continue;
                     if (brow) {
-                        const float bv = brow[j * p->bias.strides[3]];
-                        if (bv == -INFINITY)
+                        const float bv = brow[j * p->rules.bias.strides[3]];
+                        if (sdpa__rule_bias_blocks(bv))
                             continue;
                         if (fin && !isfinite(bv)) {
                             e->kind = ERR_BIAS; e->h = h; e->i = i; e->j = j; e->value = bv;
@@ -412,7 +392,7 @@ static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *c
                     }
                     any = true;
                     if (!kv) {
-                        if (!fin || !p->has_bias)
+                        if (!fin || !p->rules.has_bias)
                             break; /* later entries matter only for the bias check or K/V rows */
                         continue;
                     }
@@ -578,7 +558,7 @@ static sdpa_status choose(const char *fn, const sdpa__plan *p, exec *x) {
     int ct = k == SDPA_KERNEL_REFERENCE ? sdpa__tiled_threads(p) : x->threads;
     double scan = 4.0 * (double)p->B * ((double)p->Hq * (double)p->L * (double)p->E +
                                         (double)p->Hkv * (double)p->S * (double)(p->E + p->Ev));
-    if (p->has_mask || p->has_bias)
+    if (p->rules.has_mask || p->rules.has_bias)
         scan += (double)p->B * (double)p->Hq * (double)p->L * (double)p->S;
     if ((double)ct > scan / 2e6)
         ct = (int)(scan / 2e6);

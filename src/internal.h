@@ -3,6 +3,7 @@
 #define SDPA_INTERNAL_H
 
 #include "sdpa.h"
+#include "rules.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -29,12 +30,6 @@ typedef struct sdpa__view4 {
     int64_t shape[4];
     int64_t strides[4];
 } sdpa__view4;
-
-/* A validated allow-mask or bias broadcast to [B, Hq, L, S]: strides 0 on broadcast dims. */
-typedef struct sdpa__bcast4 {
-    const void *data;
-    int64_t strides[4];
-} sdpa__bcast4;
 
 /* Byte interval [lo, hi) covered by a view; empty when lo == hi. */
 typedef struct sdpa__span {
@@ -97,13 +92,7 @@ typedef struct sdpa__plan {
     sdpa__view4 weights;                    /* [B, Hq, L, S] */
     float *lse; int64_t lse_strides[3];     /* [B, Hq, L] */
     float scale, softcap;
-    int causal;
-    int alignment;
-    const int64_t *query_offsets;
-    int64_t window_left, window_right;
-    bool has_mask; sdpa__bcast4 mask;
-    bool has_bias; sdpa__bcast4 bias;
-    const int64_t *key_lengths, *query_lengths;
+    sdpa__rules rules;                      /* which keys each row may attend (rules.h) */
     int empty_rows, weights_stage;
     bool check_finite;
     int num_threads;                        /* resolved: >= 1 (0 in the options = online CPUs) */
@@ -112,22 +101,6 @@ typedef struct sdpa__plan {
     uint64_t dropout_seed, dropout_offset;
     int64_t row_block;                      /* query rows per tile */
 } sdpa__plan;
-
-/* Structural key range [lo, hi) of row i of batch b (causal, window, key lengths);
- * lo >= hi means no key. Rows i >= query_lengths[b] are padding (see sdpa__row_is_padding). */
-void sdpa__row_range(const sdpa__plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi);
-static inline bool sdpa__row_is_padding(const sdpa__plan *p, int64_t b, int64_t i) {
-    return p->query_lengths != NULL && i >= p->query_lengths[b];
-}
-static inline bool sdpa__mask_allows(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j) {
-    const uint8_t *m = (const uint8_t *)p->mask.data;
-    return m[b * p->mask.strides[0] + h * p->mask.strides[1] + i * p->mask.strides[2] +
-             j * p->mask.strides[3]] != 0;
-}
-static inline const float *sdpa__bias_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i) {
-    return (const float *)p->bias.data + b * p->bias.strides[0] + h * p->bias.strides[1] +
-           i * p->bias.strides[2];
-}
 
 /* ---- threads.c: the library's own fork-join parallelism (no pool, no global state) ---- */
 

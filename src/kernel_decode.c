@@ -171,10 +171,10 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         l[r] = 0.0;
         bad[r] = 0;
         lo[r] = hi[r] = 0;
-        if (sdpa__row_is_padding(p, b, irow[r]))
+        if (sdpa__rule_is_padding(&p->rules, b, irow[r]))
             continue;
         int64_t a, e;
-        sdpa__row_range(p, b, irow[r], &a, &e);
+        sdpa__rule_range(&p->rules, b, irow[r], &a, &e);
         a = a > k0 ? a : k0;
         e = e < k1 ? e : k1;
         if (a >= e)
@@ -207,26 +207,20 @@ static void decode_task(void *vctx, int64_t task, int tid) {
             mode[r] = MODE_NONE;
             if (state[r] != ROW_VALID || lo[r] >= tc || hi[r] <= ta)
                 continue;
-            if (lo[r] <= ta && hi[r] >= tc && !p->has_mask && !p->has_bias) {
+            const int64_t i = irow[r], h = hrow[r];
+            const int32_t lo32 = (int32_t)lo[r], hi32 = (int32_t)hi[r];
+            const sdpa__tile_class tcl = sdpa__rule_classify_tile(&p->rules, b, h, i, 1, &lo32, &hi32, ta, tc);
+            if (tcl == SDPA__TILE_NONE)
+                continue;
+            if (tcl == SDPA__TILE_FULL) {
                 mode[r] = MODE_FULL;
                 any = any_full = true;
                 continue;
             }
-            const int64_t i = irow[r], h = hrow[r];
             uint8_t *al = allowed + r * BN;
-            const uint8_t *mrow = p->has_mask ? (const uint8_t *)p->mask.data + b * p->mask.strides[0] +
-                                                    h * p->mask.strides[1] + i * p->mask.strides[2]
-                                              : NULL;
-            const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
-            bool row_any = false;
-            for (int64_t t = 0; t < n; ++t) {
-                const int64_t j = ta + t;
-                bool ok = j >= lo[r] && j < hi[r] && (mrow == NULL || mrow[j * p->mask.strides[3]] != 0) &&
-                          (brow == NULL || brow[j * p->bias.strides[3]] != -INFINITY);
-                al[t] = ok;
-                used[t] |= ok;
-                row_any = row_any || ok;
-            }
+            const bool row_any = sdpa__rule_row_flags(&p->rules, b, h, i, lo[r], hi[r], ta, n, al);
+            for (int64_t t = 0; t < n; ++t)
+                used[t] |= al[t];
             if (row_any) {
                 mode[r] = MODE_PART;
                 any = true;
@@ -257,14 +251,14 @@ static void decode_task(void *vctx, int64_t task, int tid) {
                 mk->softcap(sr, n, p->softcap);
             if (mode[r] == MODE_PART) {
                 const uint8_t *al = allowed + r * BN;
-                const float *brow = p->has_bias ? sdpa__bias_row(p, b, hrow[r], irow[r]) : NULL;
+                const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, hrow[r], irow[r]) : NULL;
                 for (int64_t t = 0; t < n; ++t) {
                     if (!al[t]) {
                         sr[t] = -INFINITY;
                         continue;
                     }
                     if (brow != NULL)
-                        sr[t] += brow[(ta + t) * p->bias.strides[3]];
+                        sr[t] += brow[(ta + t) * p->rules.bias.strides[3]];
                     if (!isfinite(sr[t]))
                         bad[r] = -1;
                 }

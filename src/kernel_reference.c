@@ -95,8 +95,8 @@ static double score_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i,
         d = (double)p->softcap * tanh(d / (double)p->softcap);
     if (stage == SDPA_WEIGHTS_SOFTCAPPED)
         return d;
-    if (p->has_bias)
-        d += (double)sdpa__bias_row(p, b, h, i)[j * p->bias.strides[3]];
+    if (p->rules.has_bias)
+        d += (double)sdpa__rule_bias_row(&p->rules, b, h, i)[j * p->rules.bias.strides[3]];
     return d;
 }
 
@@ -125,13 +125,6 @@ static void write_probs_row(const sdpa__plan *p, float *w, const float *prob, in
         w[j * ws] = j >= jlo && j < jhi ? prob[j - jlo] : 0.0f;
 }
 
-/* Is key j allowed for row (b, h, i) whose structural range is [lo, hi)? */
-static bool pair_allowed(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j, int64_t lo, int64_t hi) {
-    if (j < lo || j >= hi || (p->has_mask && !sdpa__mask_allows(p, b, h, i, j)))
-        return false;
-    return !p->has_bias || sdpa__bias_row(p, b, h, i)[j * p->bias.strides[3]] != -INFINITY;
-}
-
 /* A row that float32 cannot carry (a score or the P.V sum overflowed although the inputs are
  * finite): softmax, P.V, lse and probabilities in double from recomputed scores. Rare, so
  * scores are recomputed per pass instead of stored. The row has at least one allowed key. */
@@ -139,16 +132,16 @@ static void row_in_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_
                           double *acc, float *orow, float *wrow, float *lrow) {
     const float *vbase = at(p->v.data, b * p->v.strides[0] + (h / p->group) * p->v.strides[1]);
     int64_t lo, hi;
-    sdpa__row_range(p, b, i, &lo, &hi);
+    sdpa__rule_range(&p->rules, b, i, &lo, &hi);
     double mx = -INFINITY, sum = 0.0;
     for (int64_t j = lo; j < hi; ++j)
-        if (pair_allowed(p, b, h, i, j, lo, hi)) {
+        if (sdpa__rule_allows(&p->rules, b, h, i, j, lo, hi)) {
             const double x = score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED);
             mx = x > mx ? x : mx;
         }
     memset(acc, 0, (size_t)p->Ev * sizeof(double));
     for (int64_t j = lo; j < hi; ++j) {
-        if (!pair_allowed(p, b, h, i, j, lo, hi))
+        if (!sdpa__rule_allows(&p->rules, b, h, i, j, lo, hi))
             continue;
         const double e = exp(score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED) - mx);
         const float *vrow = at((float *)vbase, j * p->v.strides[2]);
@@ -167,7 +160,7 @@ static void row_in_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_
     if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
         for (int64_t j = 0; j < p->S; ++j)
             wrow[j * p->weights.strides[3]] =
-                pair_allowed(p, b, h, i, j, lo, hi)
+                sdpa__rule_allows(&p->rules, b, h, i, j, lo, hi)
                     ? (float)(exp(score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED) - mx) / sum)
                     : 0.0f;
 }
@@ -184,7 +177,7 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
                        int64_t jlo, int64_t n, uint8_t *allowed, double *acc, float *orow, float *wrow,
                        float *lrow) {
     const int64_t jhi = jlo + n;
-    if (sdpa__row_is_padding(p, b, i)) {
+    if (sdpa__rule_is_padding(&p->rules, b, i)) {
         zero_row(orow, p->Ev, p->out.strides[3]);
         if (wrow)
             zero_row(wrow, p->S, p->weights.strides[3]);
@@ -193,13 +186,12 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
         return ROW_DONE;
     }
     int64_t lo, hi;
-    sdpa__row_range(p, b, i, &lo, &hi);
-    /* Flags: allowed by range and mask; raw float32 score not finite (an overflow that softcap
-     * would hide: tanh(inf) = 1). */
-    for (int64_t j = jlo; j < jhi; ++j) {
-        const bool ok = j >= lo && j < hi && (!p->has_mask || sdpa__mask_allows(p, b, h, i, j));
-        allowed[j - jlo] = (uint8_t)((ok ? KEY_ALLOWED : 0) | (isfinite(s[j - jlo]) ? 0 : KEY_RAW_NOT_FINITE));
-    }
+    sdpa__rule_range(&p->rules, b, i, &lo, &hi);
+    /* Flags: allowed by the rule; raw float32 score not finite (an overflow that softcap would
+     * hide: tanh(inf) = 1). */
+    sdpa__rule_row_flags(&p->rules, b, h, i, lo, hi, jlo, n, allowed); /* KEY_ALLOWED or 0 */
+    for (int64_t j = 0; j < n; ++j)
+        allowed[j] = (uint8_t)(allowed[j] | (isfinite(s[j]) ? 0 : KEY_RAW_NOT_FINITE));
     if (wrow && p->weights_stage == SDPA_WEIGHTS_SCORES)
         write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SCORES);
     const float c = p->softcap;
@@ -209,19 +201,13 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
     if (wrow && p->weights_stage == SDPA_WEIGHTS_SOFTCAPPED)
         write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SOFTCAPPED);
     /* Bias is read and added where allowed only; -inf blocks. */
-    const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
+    const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
     bool any = false, overflow = false;
     for (int64_t j = 0; j < n; ++j) {
         if (!(allowed[j] & KEY_ALLOWED))
             continue;
-        if (brow) {
-            const float bv = brow[(jlo + j) * p->bias.strides[3]];
-            if (bv == -INFINITY) {
-                allowed[j] = 0;
-                continue;
-            }
-            s[j] += bv;
-        }
+        if (brow) /* a -inf bias already blocked the key */
+            s[j] += brow[(jlo + j) * p->rules.bias.strides[3]];
         overflow = overflow || (allowed[j] & KEY_RAW_NOT_FINITE) || !isfinite(s[j]);
         any = true;
     }
@@ -287,9 +273,9 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                 int64_t jlo = p->S, jhi = 0;
                 for (int64_t r = 0; r < rows; ++r) {
                     int64_t lo, hi;
-                    if (sdpa__row_is_padding(p, b, i0 + r))
+                    if (sdpa__rule_is_padding(&p->rules, b, i0 + r))
                         continue;
-                    sdpa__row_range(p, b, i0 + r, &lo, &hi);
+                    sdpa__rule_range(&p->rules, b, i0 + r, &lo, &hi);
                     if (lo < hi) {
                         jlo = lo < jlo ? lo : jlo;
                         jhi = hi > jhi ? hi : jhi;

@@ -30,7 +30,6 @@
 #define BN SDPA__TILE_K
 
 enum { LANE_OFF = 0, LANE_VALID = 1, LANE_PADDING = 2, LANE_EMPTY = 3 };
-enum { MASK_ONE = 0, MASK_ZERO = 1, MASK_MIXED = 2 };
 
 typedef struct layout {
     size_t qt, st, ot, vg, m, alpha, tsum, l, acc, bad, lo, hi, cnt, state, used, keep, total;
@@ -103,29 +102,6 @@ static void write_zero_row(const sdpa__plan *p, float *orow, float *lrow) {
         *lrow = -INFINITY;
 }
 
-/* Allow-mask over the structurally allowed part of the tile [ta, tc) for the block's valid lanes. */
-static int scan_mask(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, int64_t nl, const uint8_t *state,
-                     const int32_t *lo, const int32_t *hi, int64_t ta, int64_t tc) {
-    const uint8_t *mbase = (const uint8_t *)p->mask.data + b * p->mask.strides[0] + h * p->mask.strides[1];
-    const int64_t ms3 = p->mask.strides[3];
-    bool any1 = false, any0 = false;
-    for (int64_t r = 0; r < nl; ++r) {
-        if (state[r] != LANE_VALID)
-            continue;
-        const uint8_t *mrow = mbase + (i0 + r) * p->mask.strides[2];
-        const int64_t s = lo[r] > ta ? lo[r] : ta, e = hi[r] < tc ? hi[r] : tc;
-        for (int64_t j = s; j < e; ++j) {
-            if (mrow[j * ms3])
-                any1 = true;
-            else
-                any0 = true;
-        }
-        if (any1 && any0)
-            return MASK_MIXED;
-    }
-    return any1 ? MASK_ONE : MASK_ZERO; /* ZERO also when no valid lane meets the tile */
-}
-
 /* Per-element rules for a tile: structure, allow-mask, bias (-inf blocks; added where allowed).
  * Blocked elements become -inf; used[t] = some lane may attend key ta + t; bad lanes flagged. */
 static bool apply_rules(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, int64_t nl, const uint8_t *state,
@@ -139,23 +115,15 @@ static bool apply_rules(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, i
             continue;
         }
         const int64_t i = i0 + r;
-        const uint8_t *mrow = p->has_mask ? (const uint8_t *)p->mask.data + b * p->mask.strides[0] +
-                                                h * p->mask.strides[1] + i * p->mask.strides[2]
-                                          : NULL;
-        const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
-        const int64_t ms3 = p->mask.strides[3], bs3 = p->bias.strides[3];
+        uint8_t ok[BN];
+        sdpa__rule_row_flags(&p->rules, b, h, i, lo[r], hi[r], ta, n, ok);
+        const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
+        const int64_t bs3 = p->rules.bias.strides[3];
         for (int64_t t = 0; t < n; ++t) {
-            const int64_t j = ta + t;
             float *x = &st[t * nl + r];
-            bool ok = j >= lo[r] && j < hi[r] && (mrow == NULL || mrow[j * ms3] != 0);
-            if (ok && brow != NULL) {
-                const float bv = brow[j * bs3];
-                if (bv == -INFINITY)
-                    ok = false;
-                else
-                    *x += bv;
-            }
-            if (ok) {
+            if (ok[t]) {
+                if (brow != NULL)
+                    *x += brow[(ta + t) * bs3];
                 used[t] = 1;
                 if (!isfinite(*x))
                     bad[r] = -1;
@@ -218,7 +186,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     const int64_t nl = (rows + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES;
     const int64_t E = p->E, Ev = p->Ev;
 
-    int64_t jmin = p->S, jmax = 0, maxlo = 0, minhi = p->S;
+    int64_t jmin = p->S, jmax = 0;
     bool any_valid = false;
     const float *beta = alpha; /* NULL until the item's first P.V */
     for (int64_t r = 0; r < nl; ++r) {
@@ -226,12 +194,12 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
         state[r] = LANE_OFF;
         if (r >= rows)
             continue;
-        if (sdpa__row_is_padding(p, b, i0 + r)) {
+        if (sdpa__rule_is_padding(&p->rules, b, i0 + r)) {
             state[r] = LANE_PADDING;
             continue;
         }
         int64_t a, e;
-        sdpa__row_range(p, b, i0 + r, &a, &e);
+        sdpa__rule_range(&p->rules, b, i0 + r, &a, &e);
         if (a >= e || a >= p->S) {
             state[r] = LANE_EMPTY;
             continue;
@@ -242,8 +210,6 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
         hi[r] = (int32_t)e;
         jmin = a < jmin ? a : jmin;
         jmax = e > jmax ? e : jmax;
-        maxlo = a > maxlo ? a : maxlo;
-        minhi = e < minhi ? e : minhi;
     }
 
     if (any_valid) {
@@ -279,22 +245,14 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
 
         for (int64_t a = jmin / BN * BN; a < jmax; a += BN) {
             const int64_t ta = a > jmin ? a : jmin, tc = a + BN < jmax ? a + BN : jmax, n = tc - ta;
-            const bool sfull = maxlo <= ta && minhi >= tc;
-            int mstate = MASK_ONE;
-            if (!sfull) {
-                bool meets = false;
-                for (int64_t r = 0; r < nl && !meets; ++r)
-                    meets = state[r] == LANE_VALID && lo[r] < tc && hi[r] > ta;
-                if (!meets)
-                    continue;
-            }
-            if (p->has_mask && (mstate = scan_mask(p, b, h, i0, nl, state, lo, hi, ta, tc)) == MASK_ZERO)
+            const sdpa__tile_class tcl = sdpa__rule_classify_tile(&p->rules, b, h, i0, nl, lo, hi, ta, tc);
+            if (tcl == SDPA__TILE_NONE)
                 continue;
 
             /* Structural rules only: each chunk of rows (mk->range_lanes of them) computes just
              * the keys its rows can reach, [s0, e0); the rest of its column is P = 0. A causal
              * diagonal tile then costs about 5/8 (16-row chunks) or 3/4 (32) of a full one. */
-            const bool ranged = !sfull && !p->has_bias && mstate != MASK_MIXED;
+            const bool ranged = tcl == SDPA__TILE_PARTIAL_RANGE;
             bool all_used = true;
             if (ranged) {
                 all_used = range_used(nl, state, lo, hi, ta, n, cnt, used);
@@ -334,7 +292,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                 if (p->softcap > 0.0f)
                     mk->softcap(st, n * nl, p->softcap);
                 int32_t *check = bad;
-                if (p->has_bias || mstate == MASK_MIXED) {
+                if (tcl == SDPA__TILE_PARTIAL) {
                     all_used = apply_rules(p, b, h, i0, nl, state, lo, hi, ta, n, st, used, bad);
                     check = NULL;
                 }

@@ -777,22 +777,30 @@ static void build_mask(const mha_plan *pl, uint8_t *m) {
     const int64_t *s = pl->mshape;
     const uint8_t *am = o->attn_mask ? o->attn_mask->data : NULL;
     const uint8_t *kpm = o->key_padding_mask ? o->key_padding_mask->data : NULL;
+    /* causal and key lengths over the S real keys: the structural rule of rules.c */
+    sdpa__rules rules;
+    memset(&rules, 0, sizeof rules);
+    rules.L = pl->L;
+    rules.S = pl->S;
+    rules.causal = pl->mask_causal;
+    rules.alignment = SDPA_ALIGN_TOP_LEFT;
+    rules.window_left = rules.window_right = -1;
+    rules.key_lengths = pl->mask_klen ? o->key_lengths : NULL;
     for (int64_t b = 0; b < s[0]; ++b)
         for (int64_t h = 0; h < s[1]; ++h)
             for (int64_t i = 0; i < s[2]; ++i) {
                 uint8_t *row = m + ((b * s[1] + h) * s[2] + i) * s[3];
+                int64_t lo, hi;
+                sdpa__rule_range(&rules, b, i, &lo, &hi);
                 for (int64_t j = 0; j < s[3]; ++j) {
                     bool ok = true;
                     if (j < pl->S) { /* the appended keys j >= S are always allowed */
-                        if (pl->has_am)
+                        ok = j >= lo && j < hi;
+                        if (ok && pl->has_am)
                             ok = am[b * pl->am_strides[0] + h * pl->am_strides[1] + i * pl->am_strides[2] +
                                     j * pl->am_strides[3]] != 0;
                         if (ok && pl->has_kpm)
                             ok = kpm[b * pl->kpm_strides[0] + j * pl->kpm_strides[1]] != 0;
-                        if (ok && pl->mask_klen)
-                            ok = j < o->key_lengths[b];
-                        if (ok && pl->mask_causal)
-                            ok = j <= i;
                     }
                     row[j] = ok ? 1 : 0;
                 }
@@ -832,7 +840,10 @@ static bool all_finite(const sdpa_tensor *t) {
 }
 
 static bool row_is_padding(const mha_plan *pl, int64_t b, int64_t i) {
-    return pl->o.query_lengths != NULL && i >= pl->o.query_lengths[b];
+    sdpa__rules r;
+    memset(&r, 0, sizeof r);
+    r.query_lengths = pl->o.query_lengths;
+    return sdpa__rule_is_padding(&r, b, i);
 }
 
 /* out = Ao W_o^T + b_o; padding query rows exactly 0. */
