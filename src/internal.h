@@ -136,11 +136,18 @@ void sdpa__dropout_apply(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i
 /* ---- kernels ---- */
 size_t sdpa__reference_workspace_bytes(const sdpa__plan *p);
 sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws, size_t ws_bytes);
-/* The reference path's double-precision row (b, h, i): out row, lse (nullable) from scores
- * recomputed in double, dropout applied as everywhere. For rows float32 cannot carry although
- * the inputs are finite. The row must have an allowed key. acc: Ev doubles of scratch. */
-void sdpa__reference_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
-                                double *acc, float *orow, float *lrow);
+
+/* ---- fallback_double.c: rows float32 cannot carry, recomputed in double ---- */
+
+/* The score of pair (b, h, i, j) in double up to `stage` (sdpa_weights_stage): SCORES (scale
+ * q.k), SOFTCAPPED, or MASKED (+ bias; the pair must be allowed). */
+double sdpa__fallback_score_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j, int stage);
+/* Row (b, h, i) in double: out row, lse (nullable) and, when wrow is not NULL and the stage is
+ * PROBABILITIES, the weights row, from scores recomputed in double, dropout applied as
+ * everywhere. For rows float32 cannot carry although the inputs are finite; the row must have
+ * an allowed key. acc: Ev doubles of scratch. */
+void sdpa__fallback_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
+                               double *acc, float *orow, float *wrow, float *lrow);
 
 /* Saturating size arithmetic (SIZE_MAX = overflow) and 64-byte rounding. */
 static inline size_t sdpa__add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }

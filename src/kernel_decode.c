@@ -355,7 +355,7 @@ sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int thr
                         M = (double)pm[s0 + k];
                 }
                 if (anybad) {
-                    sdpa__reference_row_double(p, &c.drop, b, h, i, acc, orow, lrow);
+                    sdpa__fallback_row_double(p, &c.drop, b, h, i, acc, orow, NULL, lrow);
                     continue;
                 }
                 if (M == -INFINITY) { /* padding, or no allowed key */
@@ -382,7 +382,7 @@ sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int thr
                     orow[e * p->out.strides[3]] = y;
                 }
                 if (!fin) {
-                    sdpa__reference_row_double(p, &c.drop, b, h, i, acc, orow, lrow);
+                    sdpa__fallback_row_double(p, &c.drop, b, h, i, acc, orow, NULL, lrow);
                     continue;
                 }
                 if (lrow)

@@ -80,26 +80,6 @@ static void zero_row(float *row, int64_t n, int64_t stride) {
         row[d * stride] = 0.0f;
 }
 
-/* The score of pair (i, j) in double precision up to `stage`: SCORES (scale q.k),
- * SOFTCAPPED, or MASKED (+ bias; the pair must be allowed). */
-static double score_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j, int stage) {
-    const float *qr = p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2];
-    const float *kr = p->k.data + b * p->k.strides[0] + (h / p->group) * p->k.strides[1] + j * p->k.strides[2];
-    double d = 0.0;
-    for (int64_t e = 0; e < p->E; ++e)
-        d += (double)qr[e * p->q.strides[3]] * (double)kr[e * p->k.strides[3]];
-    d *= (double)p->scale;
-    if (stage == SDPA_WEIGHTS_SCORES)
-        return d;
-    if (p->softcap > 0.0f)
-        d = (double)p->softcap * tanh(d / (double)p->softcap);
-    if (stage == SDPA_WEIGHTS_SOFTCAPPED)
-        return d;
-    if (p->rules.has_bias)
-        d += (double)sdpa__rule_bias_row(&p->rules, b, h, i)[j * p->rules.bias.strides[3]];
-    return d;
-}
-
 /* A score-stage weights row over all S keys: s[j - jlo] inside [jlo, jhi) (for MASKED only
  * where allowed, -inf elsewhere; the other stages cover every key). An entry whose float32
  * value, or raw score before softcap, is not finite is recomputed in double, so a finite
@@ -112,7 +92,7 @@ static void write_scores_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t 
         if (j >= jlo && j < jhi && (stage != SDPA_WEIGHTS_MASKED || (flags[j - jlo] & KEY_ALLOWED))) {
             x = s[j - jlo];
             if (!isfinite(x) || (flags[j - jlo] & KEY_RAW_NOT_FINITE))
-                x = (float)score_double(p, b, h, i, j, stage);
+                x = (float)sdpa__fallback_score_double(p, b, h, i, j, stage);
         }
         w[j * ws] = x;
     }
@@ -123,51 +103,6 @@ static void write_probs_row(const sdpa__plan *p, float *w, const float *prob, in
     const int64_t ws = p->weights.strides[3];
     for (int64_t j = 0; j < p->S; ++j)
         w[j * ws] = j >= jlo && j < jhi ? prob[j - jlo] : 0.0f;
-}
-
-/* A row that float32 cannot carry (a score or the P.V sum overflowed although the inputs are
- * finite): softmax, P.V, lse and probabilities in double from recomputed scores. Rare, so
- * scores are recomputed per pass instead of stored. The row has at least one allowed key. */
-static void row_in_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
-                          double *acc, float *orow, float *wrow, float *lrow) {
-    const float *vbase = at(p->v.data, b * p->v.strides[0] + (h / p->group) * p->v.strides[1]);
-    int64_t lo, hi;
-    sdpa__rule_range(&p->rules, b, i, &lo, &hi);
-    double mx = -INFINITY, sum = 0.0;
-    for (int64_t j = lo; j < hi; ++j)
-        if (sdpa__rule_allows(&p->rules, b, h, i, j, lo, hi)) {
-            const double x = score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED);
-            mx = x > mx ? x : mx;
-        }
-    memset(acc, 0, (size_t)p->Ev * sizeof(double));
-    for (int64_t j = lo; j < hi; ++j) {
-        if (!sdpa__rule_allows(&p->rules, b, h, i, j, lo, hi))
-            continue;
-        const double e = exp(score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED) - mx);
-        const float *vrow = at((float *)vbase, j * p->v.strides[2]);
-        sum += e;
-        uint8_t kept = 1;
-        sdpa__dropout_keep(drop, b, h, i, j, 1, &kept);
-        if (!kept)
-            continue;
-        for (int64_t d = 0; d < p->Ev; ++d)
-            acc[d] += e * (double)vrow[d * p->v.strides[3]];
-    }
-    for (int64_t d = 0; d < p->Ev; ++d)
-        orow[d * p->out.strides[3]] = (float)(acc[d] / sum * (double)drop->scale);
-    if (lrow)
-        *lrow = (float)(mx + log(sum));
-    if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
-        for (int64_t j = 0; j < p->S; ++j)
-            wrow[j * p->weights.strides[3]] =
-                sdpa__rule_allows(&p->rules, b, h, i, j, lo, hi)
-                    ? (float)(exp(score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED) - mx) / sum)
-                    : 0.0f;
-}
-
-void sdpa__reference_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
-                                double *acc, float *orow, float *lrow) {
-    row_in_double(p, drop, b, h, i, acc, orow, NULL, lrow);
 }
 
 /* Step 2 for row i: turns its scores s[0, n) (keys jlo + [0, n)) into probabilities, exact 0
@@ -224,7 +159,7 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
         return ROW_DONE;
     }
     if (overflow) { /* a float32 score overflowed: redo this row in double */
-        row_in_double(p, drop, b, h, i, acc, orow, wrow, lrow);
+        sdpa__fallback_row_double(p, drop, b, h, i, acc, orow, wrow, lrow);
         return ROW_DONE;
     }
     const float mx = sdpa__masked_max(s, allowed, n);
@@ -338,7 +273,7 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                         finite = finite && isfinite(x);
                     }
                     if (!finite) /* the float32 P.V sum overflowed (|v| near FLT_MAX): redo in double */
-                        row_in_double(p, &drop, b, h, i, acc, orow, wrow, lrow);
+                        sdpa__fallback_row_double(p, &drop, b, h, i, acc, orow, wrow, lrow);
                 }
             }
         }

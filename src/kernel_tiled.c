@@ -17,7 +17,7 @@
  * A key that no row of the tile may attend is never read into P.V: its V row is left out (the
  * used keys are gathered), so NaN stored there cannot reach out through 0 * NaN.
  * A row whose float32 scores or P.V sums are not finite although the inputs are (overflow) is
- * recomputed by the reference path in double (sdpa__reference_row_double).
+ * recomputed in double (fallback_double.c).
  * Extra memory: per thread, tiles of (E + TILE_K + Ev) x TILE_Q floats plus TILE_K x Ev floats;
  * nothing grows with L or S. Work items are the same for every thread count, so results are
  * bit-identical for any num_threads. */
@@ -378,7 +378,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             continue;
         }
         if (bad[r]) { /* a float32 score overflowed */
-            sdpa__reference_row_double(p, &c->drop, b, h, i, acc, orow, lrow);
+            sdpa__fallback_row_double(p, &c->drop, b, h, i, acc, orow, NULL, lrow);
             continue;
         }
         if (l[r] == 0.0) { /* every key blocked by the mask or bias: policy ZERO (Ot may be unset) */
@@ -386,7 +386,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             continue;
         }
         if (nonfin[r]) { /* the float32 P.V sum overflowed */
-            sdpa__reference_row_double(p, &c->drop, b, h, i, acc, orow, lrow);
+            sdpa__fallback_row_double(p, &c->drop, b, h, i, acc, orow, NULL, lrow);
             continue;
         }
         if (!bulk)
