@@ -10,53 +10,10 @@
 
 static const char FN[] = "sdpa_attention";
 
-/* The v1 layout ends with workspace_bytes; struct_size may not be smaller. */
-#define SDPA__OPTIONS_V1_SIZE (offsetof(sdpa_options, workspace_bytes) + sizeof(size_t))
-#define SDPA__STRUCT_SIZE_MAX 4096
 /* Bounds that keep position arithmetic (offset + i +- window) inside int64_t: offsets are
  * limited to 2^61, and a window wider than 2^62 is unbounded (|p - j| < 2^62 always). */
 #define SDPA__MAX_OFFSET ((int64_t)1 << 61)
 #define SDPA__MAX_WINDOW ((int64_t)1 << 62)
-
-SDPA_API void sdpa_options_init_sized(sdpa_options *options, size_t struct_size) {
-    if (options == NULL || struct_size < sizeof(size_t))
-        return;
-    sdpa_options d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = struct_size;
-    d.alignment = SDPA_ALIGN_TOP_LEFT;
-    d.window_left = -1;
-    d.window_right = -1;
-    d.empty_rows = SDPA_EMPTY_ROWS_ERROR;
-    d.weights_stage = SDPA_WEIGHTS_PROBABILITIES;
-    const size_t n = struct_size < sizeof d ? struct_size : sizeof d;
-    memcpy(options, &d, n);
-    if (struct_size > n)
-        memset((unsigned char *)options + n, 0, struct_size - n);
-}
-
-/* Copy the caller's options (of the caller's struct_size) into a full local struct. */
-static sdpa_status read_options(const sdpa_options *in, sdpa_options *o) {
-    sdpa_options_init_sized(o, sizeof *o);
-    if (in == NULL)
-        return SDPA_OK;
-    if (in->struct_size < SDPA__OPTIONS_V1_SIZE)
-        return sdpa__fail(SDPA_ERR_STRUCT_VERSION,
-                          "%s: options->struct_size=%zu is smaller than the version-1 size %zu (call sdpa_options_init())",
-                          FN, in->struct_size, (size_t)SDPA__OPTIONS_V1_SIZE);
-    if (in->struct_size > SDPA__STRUCT_SIZE_MAX)
-        return sdpa__fail(SDPA_ERR_STRUCT_VERSION, "%s: options->struct_size=%zu is larger than %d", FN,
-                          in->struct_size, SDPA__STRUCT_SIZE_MAX);
-    size_t n = in->struct_size < sizeof *o ? in->struct_size : sizeof *o;
-    memcpy(o, in, n);
-    const unsigned char *tail = (const unsigned char *)in;
-    for (size_t b = sizeof *o; b < in->struct_size; ++b)
-        if (tail[b] != 0)
-            return sdpa__fail(SDPA_ERR_STRUCT_VERSION,
-                              "%s: options byte %zu is beyond what libsdpa %s knows (%zu bytes) and is not 0",
-                              FN, b, SDPA_VERSION_STRING, sizeof *o);
-    return SDPA_OK;
-}
 
 /* The user-visible axis index of logical axis d4 (0 B, 1 H, 2 L/S, 3 E) for a view of `rank`. */
 static int user_axis(int32_t rank, int d4) { return rank == 4 ? d4 : (d4 == 0 ? 0 : d4 - 1); }
@@ -157,7 +114,7 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
         return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: head width E=query.shape[%d]=0 (the default scale 1/sqrt(E) is undefined)",
                           FN, rank - 1);
 
-    if ((st = read_options(opt_in, o)) != SDPA_OK) return st;
+    if ((st = sdpa__options_read(FN, opt_in, o)) != SDPA_OK) return st;
 
     /* Outputs. */
     if (!for_size) {
@@ -191,43 +148,7 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
         }
     }
 
-    /* Scalars and enums. */
-    if (!(o->scale >= 0.0f) || isinf(o->scale))
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->scale=%g must be finite and >= 0 (0 = 1/sqrt(E))",
-                          FN, (double)o->scale);
-    if (!(o->softcap >= 0.0f) || isinf(o->softcap))
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->softcap=%g must be finite and >= 0 (0 = off)", FN,
-                          (double)o->softcap);
-    if (o->causal != 0 && o->causal != 1)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->causal=%d must be 0 or 1", FN, (int)o->causal);
-    if (o->alignment != SDPA_ALIGN_TOP_LEFT && o->alignment != SDPA_ALIGN_BOTTOM_RIGHT &&
-        o->alignment != SDPA_ALIGN_OFFSETS)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->alignment=%d is not an sdpa_alignment", FN,
-                          (int)o->alignment);
-    if (o->window_left < -1 || o->window_right < -1)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->window_left=%lld, window_right=%lld must be >= -1",
-                          FN, (long long)o->window_left, (long long)o->window_right);
-    if (o->empty_rows != SDPA_EMPTY_ROWS_ERROR && o->empty_rows != SDPA_EMPTY_ROWS_ZERO)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->empty_rows=%d is not an sdpa_empty_rows", FN,
-                          (int)o->empty_rows);
-    if (o->weights_stage < SDPA_WEIGHTS_PROBABILITIES || o->weights_stage > SDPA_WEIGHTS_MASKED)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->weights_stage=%d is not an sdpa_weights_stage", FN,
-                          (int)o->weights_stage);
-    if (o->num_threads < 0)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->num_threads=%d must be >= 0", FN, (int)o->num_threads);
-    if (o->sliding_window != 0 && o->sliding_window != 1)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->sliding_window=%d must be 0 or 1", FN,
-                          (int)o->sliding_window);
-    if (o->skip_finite_check != 0 && o->skip_finite_check != 1)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->skip_finite_check=%d must be 0 or 1", FN,
-                          (int)o->skip_finite_check);
-    if (!(o->dropout_p >= 0.0f && o->dropout_p < 1.0f))
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->dropout_p=%g must be in [0, 1)", FN,
-                          (double)o->dropout_p);
-    if (o->kernel < SDPA_KERNEL_AUTO || o->kernel > SDPA_KERNEL_DECODE)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->kernel=%d is not an sdpa_kernel", FN, (int)o->kernel);
-    if (o->reserved0 != 0)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->reserved0=%d must be 0", FN, (int)o->reserved0);
+    if ((st = sdpa__options_check(FN, o)) != SDPA_OK) return st;
     if (o->alignment == SDPA_ALIGN_OFFSETS) {
         if (o->query_offsets == NULL && p->B > 0)
             return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->alignment is SDPA_ALIGN_OFFSETS but query_offsets is NULL", FN);

@@ -57,6 +57,22 @@ bool sdpa__add_overflow(int64_t a, int64_t b, int64_t *out);
 sdpa_status sdpa__check_geometry(const char *fn, const char *name, int32_t rank, const int64_t *shape,
                                  const int64_t *strides, size_t elem);
 
+/* ---- options.c: versioned structs and sdpa_options ---- */
+
+/* Copy a caller struct `in` that starts with struct_size into dst (dst_size bytes, defaults
+ * already there): reads only what struct_size covers; struct_size below v1_size or above 4096,
+ * or a non-zero byte beyond dst_size, is SDPA_ERR_STRUCT_VERSION. what names the struct in
+ * messages ("options"), init_name its init function without "_init" ("sdpa_options"). */
+sdpa_status sdpa__read_versioned(const char *fn, const char *what, const char *init_name, const void *in,
+                                 size_t v1_size, void *dst, size_t dst_size);
+/* A reserved field of a versioned struct must be 0; anything else is SDPA_ERR_STRUCT_VERSION
+ * (a later version's field, reported as unknown tail bytes are). */
+sdpa_status sdpa__check_reserved(const char *fn, const char *field, int64_t value);
+/* Read sdpa_options (NULL = the defaults) into *o: sdpa__read_versioned plus reserved0. */
+sdpa_status sdpa__options_read(const char *fn, const sdpa_options *in, sdpa_options *o);
+/* Range checks of the scalar and enum fields of *o that need no shapes. */
+sdpa_status sdpa__options_check(const char *fn, const sdpa_options *o);
+
 /* ---- matmul.c: the only user of cblas ---- */
 
 /* A logical row-major matrix view: element (r, c) at data[r * row_stride + c * col_stride]. */

@@ -28,7 +28,6 @@
 
 #define MHA_PARAMS_V1_SIZE (offsetof(sdpa_mha_params, reserved0) + sizeof(int32_t))
 #define MHA_OPTIONS_V1_SIZE (offsetof(sdpa_mha_options, workspace_bytes) + sizeof(size_t))
-#define MHA_STRUCT_SIZE_MAX 4096
 #define MHA_ALIGN 64u
 #define MHA_OUT_BLOCK 64 /* rows per block of the output projection through a buffer */
 
@@ -92,28 +91,6 @@ SDPA_API void sdpa_mha_options_init_sized(sdpa_mha_options *options, size_t stru
         return;
     memset(options, 0, struct_size);
     options->struct_size = struct_size;
-}
-
-/* Copy a caller struct of its own struct_size into dst (defaults already there): read only
- * what struct_size covers; bytes beyond what this library knows must be 0. */
-static sdpa_status read_sized(const char *fn, const char *what, const void *in, size_t v1, void *dst,
-                              size_t dst_size) {
-    size_t sz;
-    memcpy(&sz, in, sizeof sz);
-    if (sz < v1)
-        return sdpa__fail(SDPA_ERR_STRUCT_VERSION, "%s: %s->struct_size=%zu is smaller than the version-1 size %zu (call %s_init())",
-                          fn, what, sz, v1, what[0] == 'p' ? "sdpa_mha_params" : "sdpa_mha_options");
-    if (sz > MHA_STRUCT_SIZE_MAX)
-        return sdpa__fail(SDPA_ERR_STRUCT_VERSION, "%s: %s->struct_size=%zu is larger than %d", fn, what, sz,
-                          MHA_STRUCT_SIZE_MAX);
-    memcpy(dst, in, sz < dst_size ? sz : dst_size);
-    const unsigned char *bytes = (const unsigned char *)in;
-    for (size_t b = dst_size; b < sz; ++b)
-        if (bytes[b] != 0)
-            return sdpa__fail(SDPA_ERR_STRUCT_VERSION,
-                              "%s: %s byte %zu is beyond what libsdpa %s knows (%zu bytes) and is not 0", fn, what, b,
-                              SDPA_VERSION_STRING, dst_size);
-    return SDPA_OK;
 }
 
 /* ------------------------------------------------------------ validation */
@@ -377,10 +354,12 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: params is NULL", fn);
     sdpa_mha_params_init(&pl->p);
     sdpa_mha_options_init(&pl->o);
-    if ((st = read_sized(fn, "params", params, MHA_PARAMS_V1_SIZE, &pl->p, sizeof pl->p)) != SDPA_OK)
+    if ((st = sdpa__read_versioned(fn, "params", "sdpa_mha_params", params, MHA_PARAMS_V1_SIZE, &pl->p,
+                                   sizeof pl->p)) != SDPA_OK ||
+        (st = sdpa__check_reserved(fn, "params->reserved0", pl->p.reserved0)) != SDPA_OK)
         return st;
-    if (options != NULL &&
-        (st = read_sized(fn, "options", options, MHA_OPTIONS_V1_SIZE, &pl->o, sizeof pl->o)) != SDPA_OK)
+    if (options != NULL && (st = sdpa__read_versioned(fn, "options", "sdpa_mha_options", options,
+                                                      MHA_OPTIONS_V1_SIZE, &pl->o, sizeof pl->o)) != SDPA_OK)
         return st;
     const sdpa_mha_params *p = &pl->p;
     const sdpa_mha_options *o = &pl->o;
@@ -395,8 +374,6 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: params->embed_dim=0", fn);
     if (p->num_heads == 0)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: params->num_heads=0, expected >= 1", fn);
-    if (p->reserved0 != 0)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: params->reserved0=%d must be 0", fn, (int)p->reserved0);
     if ((st = check_flag(fn, "params->add_zero_attn", p->add_zero_attn)) != SDPA_OK)
         return st;
     const int64_t E = p->embed_dim, H = p->num_heads;
