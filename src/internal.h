@@ -21,6 +21,9 @@
 sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...) SDPA__PRINTF(2, 3);
 void sdpa__clear_error(void);
 void sdpa__set_kernel(const char *name);
+/* The finite check's failure for key (value = false) or value row j of (b, kv head g), as
+ * sdpa_attention reports it (used by check.c and by kernels that check K/V rows inline). */
+sdpa_status sdpa__fail_kv_row(int64_t b, int64_t g, int64_t j, bool value);
 
 /* ---- view.c: validation of views ---- */
 
@@ -47,6 +50,15 @@ sdpa_status sdpa__check_output_layout(const sdpa_tensor *t, const char *fn, cons
 sdpa__span sdpa__tensor_span(const sdpa_tensor *t);
 sdpa__span sdpa__mask_span(const sdpa_allow_mask *m);
 bool sdpa__spans_overlap(sdpa__span a, sdpa__span b);
+/* A named byte interval of a call (for messages). */
+typedef struct sdpa__named_span {
+    const char *name;
+    sdpa__span s;
+} sdpa__named_span;
+/* The one overlap rule of every entry point: no output (written) may overlap an input or
+ * another output; SDPA_ERR_OVERLAP naming the first pair found (outputs in order). */
+sdpa_status sdpa__check_overlaps(const char *fn, const sdpa__named_span *in, int nin, const sdpa__named_span *outs,
+                                 int nout);
 /* Broadcast a mask's or bias's (rank, shape, strides) right-aligned onto target[4]. */
 sdpa_status sdpa__broadcast4(const char *fn, const char *name, int32_t rank, const int64_t *shape,
                              const int64_t *strides, const int64_t target[4], int64_t out_strides[4]);
@@ -118,6 +130,28 @@ typedef struct sdpa__plan {
     int64_t row_block;                      /* query rows per tile */
 } sdpa__plan;
 
+/* ---- plan.c: validated shapes, views and rules; no kernel knowledge ---- */
+
+/* Validate everything of an sdpa_attention call that does not depend on tensor values and
+ * fill the plan; *o receives the options read. Outputs may be NULL only when for_size
+ * (workspace-size query). Messages name sdpa_attention. */
+sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                            const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
+                            const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o);
+
+/* ---- check.c: value checks before any write (empty rows, finite check), parallel ---- */
+
+/* Threads of the checks (a function of the shape and p->num_threads only). */
+int sdpa__check_threads(const sdpa__plan *p);
+size_t sdpa__check_workspace_bytes(const sdpa__plan *p, int threads);
+/* Empty rows under policy ERROR and, unless p->check_finite is off, the finite check; the K/V
+ * rows only with check_kv (else the kernel checks them inline, kernel.h). One task per
+ * (b, kv head) on up to `threads` threads; the failure reported is the first of a sequential
+ * scan of everything (without check_kv, a failure found makes the K/V rows of the earlier
+ * tasks be checked first, so it is still that scan's first). ws: at least
+ * sdpa__check_workspace_bytes(p, threads), 64-byte aligned. */
+sdpa_status sdpa__check_values(const sdpa__plan *p, bool check_kv, int threads, void *ws);
+
 /* ---- threads.c: the library's own fork-join parallelism (no pool, no global state) ---- */
 
 #define SDPA__MAX_THREADS 256
@@ -149,10 +183,6 @@ void sdpa__dropout_keep(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i,
 void sdpa__dropout_apply(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i, int64_t j0,
                          int64_t n, float *row);
 
-/* ---- kernels ---- */
-size_t sdpa__reference_workspace_bytes(const sdpa__plan *p);
-sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws, size_t ws_bytes);
-
 /* ---- fallback_double.c: rows float32 cannot carry, recomputed in double ---- */
 
 /* The score of pair (b, h, i, j) in double up to `stage` (sdpa_weights_stage): SCORES (scale
@@ -172,23 +202,5 @@ static inline size_t sdpa__align64(size_t x) { return x > SIZE_MAX - 63u ? SIZE_
 
 /* Micro-kernel set (src/microkernel*.c): chosen per call, see microkernel.h. */
 struct sdpa__mk;
-
-/* Tiled (FlashAttention-2 style) kernel, src/kernel_tiled.c. Threads: how many this call runs
- * (a function of the shape and p->num_threads only); bytes: its workspace for that many. */
-int sdpa__tiled_threads(const sdpa__plan *p);
-size_t sdpa__tiled_workspace_bytes(const sdpa__plan *p, int threads);
-sdpa_status sdpa__kernel_tiled(const sdpa__plan *p, const struct sdpa__mk *mk, int threads, void *ws,
-                               size_t ws_bytes);
-
-/* Decode kernel (small L), src/kernel_decode.c. Work items are (b, kv head, group of query rows,
- * key chunk); the chunking depends on the shape only. Outputs are assembled in the workspace and
- * written at the end. With check_kv (the caller has checked everything but the K/V rows) the
- * kernel returns SDPA_ERR_NON_FINITE, without a message and without writing anything, when any
- * row's scores or output came out non-finite: a NaN/Inf in a K/V row it read, or an overflow of
- * finite inputs; the caller tells them apart with the full scan (see kernel_decode.c). */
-int sdpa__decode_threads(const sdpa__plan *p);
-size_t sdpa__decode_workspace_bytes(const sdpa__plan *p, int threads);
-sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const struct sdpa__mk *mk, int threads, bool check_kv,
-                                void *ws, size_t ws_bytes);
 
 #endif

@@ -14,13 +14,16 @@
  * The chunking depends on the shape only, so results are bit-identical for any thread count.
  *
  * Outputs are assembled in the workspace and written only at the end. That gives the finite
- * check's K/V part for free (check_kv): a NaN/Inf in a K row that some row attends makes that
+ * check's K/V part for free, so this kernel's entry says checks_kv_inline (kernel.h) and the
+ * check stage leaves the K/V rows to it: a NaN/Inf in a K row that some row attends makes that
  * row's score non-finite (0 * Inf is NaN too), and one in a V row of a used key makes some
- * row's output accumulator non-finite, as P.V reads the used keys for every row of the item. So
- * when any row comes out non-finite the kernel writes nothing and returns SDPA_ERR_NON_FINITE
- * without a message; the caller runs the full scan, which names the row, or finds none (a
- * float32 overflow of finite inputs) and reruns the kernel without check_kv, whose double
- * fallback then handles the row. The cache is read once. */
+ * row's output accumulator non-finite, as P.V reads the used keys for every row of the item.
+ * Only when some row came out non-finite does the kernel look at the K/V rows themselves: it
+ * walks the attended keys of each (b, kv head) in the check stage's order (rules.c decides
+ * which) and fails on the first non-finite K or V row, writing nothing; if there is none, the
+ * non-finite rows are float32 overflows of finite inputs and are recomputed in double. The
+ * cache is read once in the common case. */
+#include "kernel.h"
 #include "microkernel.h"
 
 #include <math.h>
@@ -30,6 +33,7 @@
 #define RMAX 8             /* query rows per work item */
 #define SPLIT_ITEMS 16     /* below this many items, split the keys */
 #define SPLIT_MIN_KEYS 512 /* ... into chunks of at least this many keys */
+#define DECODE_AUTO_MAX_L 4 /* AUTO takes this kernel for L <= this */
 
 enum { ROW_OFF = 0, ROW_VALID = 1 };
 enum { MODE_NONE = 0, MODE_FULL = 1, MODE_PART = 2 };
@@ -59,7 +63,7 @@ static dplan decode_plan(const sdpa__plan *p) {
     return d;
 }
 
-int sdpa__decode_threads(const sdpa__plan *p) {
+static int decode_threads(const sdpa__plan *p) {
     const dplan d = decode_plan(p);
     const double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
     /* Memory traffic matters as much as arithmetic here: count K and V bytes too. */
@@ -77,7 +81,7 @@ typedef struct layout {
     /* per thread */
     size_t qp, s, allowed, kp, vp, o, m, l, alpha, bad, mode, state, used, idx, total;
     /* shared, after threads * total */
-    size_t pm, pl, pbad, po, acc, shared;
+    size_t pm, pl, pbad, po, acc, kvcnt, kvused, shared;
 } layout;
 
 static size_t take(size_t *at, size_t bytes) {
@@ -113,11 +117,13 @@ static layout make_layout(const sdpa__plan *p, const dplan *d) {
     l.pbad = take(&at, sdpa__mul_sat(slots, sizeof(int32_t)));
     l.po = take(&at, sdpa__mul_sat(sdpa__mul_sat(slots, Ev), f));
     l.acc = take(&at, sdpa__mul_sat(Ev, sizeof(double)));
+    l.kvcnt = take(&at, sdpa__mul_sat((size_t)p->S + 1, sizeof(int32_t)));
+    l.kvused = take(&at, (size_t)p->S);
     l.shared = at;
     return l;
 }
 
-size_t sdpa__decode_workspace_bytes(const sdpa__plan *p, int threads) {
+static size_t decode_workspace_bytes(const sdpa__plan *p, int threads) {
     const dplan d = decode_plan(p);
     const layout l = make_layout(p, &d);
     return sdpa__add_sat(sdpa__mul_sat(l.total, (size_t)(threads < 1 ? 1 : threads)), l.shared);
@@ -131,7 +137,6 @@ typedef struct dctx {
     layout lay;
     unsigned char *ws, *shared;
     float qscale;
-    bool check_kv;
 } dctx;
 
 static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
@@ -305,8 +310,30 @@ static void decode_task(void *vctx, int64_t task, int tid) {
     }
 }
 
-sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int threads, bool check_kv, void *ws,
-                                size_t ws_bytes) {
+/* Some row came out non-finite: the first attended K or V row holding NaN/Inf, in the order of
+ * the check stage (b, kv head, key; K before V), fails the call; SDPA_OK if there is none. */
+static sdpa_status first_nonfinite_kv(const sdpa__plan *p, const sdpa__mk *mk, int32_t *cnt, uint8_t *used) {
+    for (int64_t b = 0; b < p->B; ++b)
+        for (int64_t g = 0; g < p->Hkv; ++g) {
+            sdpa__rule_group_keys(&p->rules, b, g * p->group, (g + 1) * p->group, cnt, used);
+            for (int64_t j = 0; j < p->S; ++j) {
+                if (!used[j])
+                    continue;
+                if (!sdpa__finite_strided(mk, p->k.data + b * p->k.strides[0] + g * p->k.strides[1] +
+                                                  j * p->k.strides[2], p->E, p->k.strides[3]))
+                    return sdpa__fail_kv_row(b, g, j, false);
+                if (p->Ev > 0 &&
+                    !sdpa__finite_strided(mk, p->v.data + b * p->v.strides[0] + g * p->v.strides[1] +
+                                                  j * p->v.strides[2], p->Ev, p->v.strides[3]))
+                    return sdpa__fail_kv_row(b, g, j, true);
+            }
+        }
+    return SDPA_OK;
+}
+
+static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes) {
+    const sdpa__mk *mk = sdpa__mk_select();
+    const bool check_kv = p->check_finite;
     dctx c;
     c.p = p;
     c.mk = mk;
@@ -314,12 +341,11 @@ sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int thr
     c.lay = make_layout(p, &c.d);
     if (threads < 1)
         threads = 1;
-    if (ws_bytes < sdpa__decode_workspace_bytes(p, threads))
+    if (ws_bytes < decode_workspace_bytes(p, threads))
         return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: decode kernel workspace of %zu bytes is too small",
                           ws_bytes);
     c.ws = (unsigned char *)ws;
     c.shared = c.ws + (size_t)threads * c.lay.total;
-    c.check_kv = check_kv;
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
     c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
     sdpa__parallel_for(threads, c.d.items, decode_task, &c);
@@ -329,13 +355,16 @@ sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int thr
     const int32_t *pbad = (const int32_t *)(c.shared + c.lay.pbad);
     double *acc = (double *)(c.shared + c.lay.acc);
     const int64_t nc = c.d.nchunks, Ev = p->Ev;
-    if (check_kv) { /* any non-finite row: nothing written (see the comment at the top) */
+    if (check_kv) { /* a non-finite row: look at the K/V rows (see the comment at the top) */
         const int64_t slots = p->B * p->Hq * p->L * nc;
-        for (int64_t t = 0; t < slots; ++t)
-            if (pbad[t] != 0 || !isfinite(pl[t]))
-                return SDPA_ERR_NON_FINITE;
-        if (Ev > 0 && !mk->all_finite(po, slots * Ev))
-            return SDPA_ERR_NON_FINITE;
+        bool suspect = Ev > 0 && !mk->all_finite(po, slots * Ev);
+        for (int64_t t = 0; t < slots && !suspect; ++t)
+            suspect = pbad[t] != 0 || !isfinite(pl[t]);
+        if (suspect) {
+            const sdpa_status st = first_nonfinite_kv(p, mk, (int32_t *)(c.shared + c.lay.kvcnt), c.shared + c.lay.kvused);
+            if (st != SDPA_OK)
+                return st;
+        }
     }
 
     /* Merge the chunks of each row in order and write the outputs. */
@@ -391,3 +420,16 @@ sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int thr
     sdpa__set_kernel(nc > 1 ? mk->decode_split_name : mk->decode_name);
     return SDPA_OK;
 }
+
+static sdpa__fit decode_supports(const sdpa__plan *p, const char **why) {
+    if (p->has_weights) {
+        *why = "does not produce weights; pass weights=NULL, or use SDPA_KERNEL_AUTO or SDPA_KERNEL_REFERENCE";
+        return SDPA__FIT_NO;
+    }
+    return p->L <= DECODE_AUTO_MAX_L ? SDPA__FIT_AUTO : SDPA__FIT_FORCED;
+}
+
+const sdpa__kernel sdpa__kernel_decode = {
+    SDPA_KERNEL_DECODE, "SDPA_KERNEL_DECODE", true, decode_supports, decode_threads, decode_workspace_bytes,
+    decode_run,
+};

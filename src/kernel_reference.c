@@ -11,7 +11,7 @@
  *      cannot change a single bit of the result.
  * Extra memory: tiles of row_block x S and row_block x Ev floats and S x Ev floats of
  * gathered V, never B*H*L*S. */
-#include "internal.h"
+#include "kernel.h"
 
 #include <math.h>
 #include <string.h>
@@ -73,7 +73,7 @@ static layout make_layout(const sdpa__plan *p) {
     return l;
 }
 
-size_t sdpa__reference_workspace_bytes(const sdpa__plan *p) { return make_layout(p).total; }
+
 
 static void zero_row(float *row, int64_t n, int64_t stride) {
     for (int64_t d = 0; d < n; ++d)
@@ -185,7 +185,8 @@ static void row_outputs(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, fl
     *lrow = p->has_lse ? at(p->lse, b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]) : NULL;
 }
 
-sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_bytes) {
+static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw, size_t ws_bytes) {
+    (void)threads; /* the calling thread only */
     const layout l = make_layout(p);
     if (ws_bytes < l.total)
         return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: internal workspace of %zu bytes is below %zu", ws_bytes,
@@ -281,3 +282,24 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
     sdpa__set_kernel("reference");
     return SDPA_OK;
 }
+
+static sdpa__fit reference_supports(const sdpa__plan *p, const char **why) {
+    (void)p;
+    (void)why;
+    return SDPA__FIT_AUTO;
+}
+
+static int reference_threads(const sdpa__plan *p) {
+    (void)p;
+    return 1;
+}
+
+static size_t reference_workspace_bytes(const sdpa__plan *p, int threads) {
+    (void)threads;
+    return make_layout(p).total;
+}
+
+const sdpa__kernel sdpa__kernel_reference = {
+    SDPA_KERNEL_REFERENCE, "SDPA_KERNEL_REFERENCE", false, reference_supports, reference_threads,
+    reference_workspace_bytes, reference_run,
+};

@@ -21,6 +21,7 @@
  * Extra memory: per thread, tiles of (E + TILE_K + Ev) x TILE_Q floats plus TILE_K x Ev floats;
  * nothing grows with L or S. Work items are the same for every thread count, so results are
  * bit-identical for any num_threads. */
+#include "kernel.h"
 #include "microkernel.h"
 
 #include <math.h>
@@ -67,7 +68,7 @@ static layout make_layout(const sdpa__plan *p) {
 
 static int64_t num_tasks(const sdpa__plan *p) { return p->B * p->Hq * ((p->L + BM - 1) / BM); }
 
-int sdpa__tiled_threads(const sdpa__plan *p) {
+static int tiled_threads(const sdpa__plan *p) {
     const int64_t tasks = num_tasks(p);
     /* About 4 MFLOP per thread at least: below that, starting a thread costs more than it saves. */
     const double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
@@ -80,7 +81,7 @@ int sdpa__tiled_threads(const sdpa__plan *p) {
     return t < 1 ? 1 : (int)t;
 }
 
-size_t sdpa__tiled_workspace_bytes(const sdpa__plan *p, int threads) {
+static size_t tiled_workspace_bytes(const sdpa__plan *p, int threads) {
     return sdpa__mul_sat(make_layout(p).total, (size_t)(threads < 1 ? 1 : threads));
 }
 
@@ -397,7 +398,8 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     }
 }
 
-sdpa_status sdpa__kernel_tiled(const sdpa__plan *p, const sdpa__mk *mk, int threads, void *ws, size_t ws_bytes) {
+static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes) {
+    const sdpa__mk *mk = sdpa__mk_select();
     tctx c;
     c.p = p;
     c.mk = mk;
@@ -405,7 +407,7 @@ sdpa_status sdpa__kernel_tiled(const sdpa__plan *p, const sdpa__mk *mk, int thre
     c.ws = (unsigned char *)ws;
     if (threads < 1)
         threads = 1;
-    if (ws_bytes < sdpa__tiled_workspace_bytes(p, threads))
+    if (ws_bytes < tiled_workspace_bytes(p, threads))
         return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: tiled kernel workspace of %zu bytes is too small",
                           ws_bytes);
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
@@ -414,3 +416,15 @@ sdpa_status sdpa__kernel_tiled(const sdpa__plan *p, const sdpa__mk *mk, int thre
     sdpa__set_kernel(mk->tiled_name);
     return SDPA_OK;
 }
+
+static sdpa__fit tiled_supports(const sdpa__plan *p, const char **why) {
+    if (p->has_weights) {
+        *why = "does not produce weights; pass weights=NULL, or use SDPA_KERNEL_AUTO or SDPA_KERNEL_REFERENCE";
+        return SDPA__FIT_NO;
+    }
+    return SDPA__FIT_AUTO;
+}
+
+const sdpa__kernel sdpa__kernel_tiled = {
+    SDPA_KERNEL_TILED, "SDPA_KERNEL_TILED", false, tiled_supports, tiled_threads, tiled_workspace_bytes, tiled_run,
+};

@@ -635,10 +635,7 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
 
     /* ---- overlaps (outputs and the caller workspace against everything else) */
     if (!for_size) {
-        struct {
-            const char *name;
-            sdpa__span s;
-        } in[20], outs[3];
+        sdpa__named_span in[20], outs[3];
         int nin = 0, nout = 0;
 #define MHA_IN_T(nm, t) do { if ((t) != NULL) { in[nin].name = (nm); in[nin++].s = sdpa__tensor_span(t); } } while (0)
         MHA_IN_T("query", query);
@@ -681,14 +678,8 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
             outs[nout].s.lo = (uintptr_t)o->workspace;
             outs[nout++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
         }
-        for (int a = 0; a < nout; ++a) {
-            for (int b = 0; b < nin; ++b)
-                if (sdpa__spans_overlap(outs[a].s, in[b].s))
-                    return sdpa__fail(SDPA_ERR_OVERLAP, "%s: %s (written) overlaps input %s", fn, outs[a].name, in[b].name);
-            for (int b = a + 1; b < nout; ++b)
-                if (sdpa__spans_overlap(outs[a].s, outs[b].s))
-                    return sdpa__fail(SDPA_ERR_OVERLAP, "%s: %s overlaps %s (both written)", fn, outs[a].name, outs[b].name);
-        }
+        if ((st = sdpa__check_overlaps(fn, in, nin, outs, nout)) != SDPA_OK)
+            return st;
     }
     return SDPA_OK;
 }
