@@ -2,7 +2,7 @@
  * ERROR, and the finite check (NaN/Inf in a value that enters out or lse). Which keys a row
  * attends comes from rules.c. */
 #include "internal.h"
-#include "microkernel.h"
+#include "dispatch.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -221,5 +221,5 @@ size_t sdpa__check_workspace_bytes(const sdpa__plan *p, int threads) {
 }
 
 sdpa_status sdpa__check_values(const sdpa__plan *p, bool check_kv, int threads, void *ws) {
-    return check_run(p, sdpa__mk_select(), threads, check_kv, p->B * p->Hkv, ws);
+    return check_run(p, sdpa__dispatch_mk(SDPA__MK_F32), threads, check_kv, p->B * p->Hkv, ws);
 }

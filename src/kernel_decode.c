@@ -24,7 +24,7 @@
  * non-finite rows are float32 overflows of finite inputs and are recomputed in double. The
  * cache is read once in the common case. */
 #include "kernel.h"
-#include "microkernel.h"
+#include "dispatch.h"
 
 #include <math.h>
 #include <string.h>
@@ -332,7 +332,7 @@ static sdpa_status first_nonfinite_kv(const sdpa__plan *p, const sdpa__mk *mk, i
 }
 
 static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes) {
-    const sdpa__mk *mk = sdpa__mk_select();
+    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
     const bool check_kv = p->check_finite;
     dctx c;
     c.p = p;

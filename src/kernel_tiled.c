@@ -22,7 +22,7 @@
  * nothing grows with L or S. Work items are the same for every thread count, so results are
  * bit-identical for any num_threads. */
 #include "kernel.h"
-#include "microkernel.h"
+#include "dispatch.h"
 
 #include <math.h>
 #include <string.h>
@@ -399,7 +399,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
 }
 
 static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes) {
-    const sdpa__mk *mk = sdpa__mk_select();
+    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
     tctx c;
     c.p = p;
     c.mk = mk;
