@@ -3,6 +3,7 @@
  * attends comes from rules.c. */
 #include "internal.h"
 #include "dispatch.h"
+#include "load.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -85,8 +86,7 @@ static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *c
             }
             /* A query row with no allowed key is never read, so it is not inspected. */
             if (any && fin &&
-                !sdpa__finite_strided(c->mk, p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2],
-                                      p->E, p->q.strides[3])) {
+                !p->load_q->row_finite(c->mk, &p->q, b, h, i)) {
                 e->kind = ERR_QROW; e->h = h; e->i = i;
                 return false;
             }
@@ -109,14 +109,12 @@ static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *c
         }
         if (!u)
             continue;
-        if (!sdpa__finite_strided(c->mk, p->k.data + b * p->k.strides[0] + g * p->k.strides[1] + j * p->k.strides[2],
-                                  p->E, p->k.strides[3])) {
+        if (!p->load_k->row_finite(c->mk, &p->k, b, g, j)) {
             e->kind = ERR_KROW; e->h = g; e->j = j;
             return false;
         }
         if (p->Ev > 0 &&
-            !sdpa__finite_strided(c->mk, p->v.data + b * p->v.strides[0] + g * p->v.strides[1] + j * p->v.strides[2],
-                                  p->Ev, p->v.strides[3])) {
+            !p->load_v->row_finite(c->mk, &p->v, b, g, j)) {
             e->kind = ERR_VROW; e->h = g; e->j = j;
             return false;
         }

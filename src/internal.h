@@ -29,7 +29,8 @@ sdpa_status sdpa__fail_kv_row(int64_t b, int64_t g, int64_t j, bool value);
 
 /* A rank-4 float view after validation and normalisation (rank-3 views get H = 1). */
 typedef struct sdpa__view4 {
-    float *data;
+    float *data;     /* elements of `dtype` (read through a loader, load.h, for q/k/v) */
+    int32_t dtype;   /* sdpa_dtype */
     int64_t shape[4];
     int64_t strides[4];
 } sdpa__view4;
@@ -116,6 +117,7 @@ double sdpa__masked_exp_sum(float *s, const uint8_t *allowed, int64_t n, float m
 typedef struct sdpa__plan {
     int64_t B, Hq, Hkv, L, S, E, Ev, group; /* group = Hq / Hkv */
     sdpa__view4 q, k, v, out;
+    const struct sdpa__loader *load_q, *load_k, *load_v; /* how q, k, v are read (load.h) */
     bool has_weights, has_lse;
     sdpa__view4 weights;                    /* [B, Hq, L, S] */
     float *lse; int64_t lse_strides[3];     /* [B, Hq, L] */

@@ -25,6 +25,7 @@
  * cache is read once in the common case. */
 #include "kernel.h"
 #include "dispatch.h"
+#include "load.h"
 
 #include <math.h>
 #include <string.h>
@@ -193,15 +194,12 @@ static void decode_task(void *vctx, int64_t task, int tid) {
     if (Ev > 0)
         memset(o, 0, (size_t)(R * Ev) * sizeof(float));
 
-    const float *kbase = at(p->k.data, b * p->k.strides[0] + g * p->k.strides[1]); /* NULL when S = 0 */
-    const float *vbase = at(p->v.data, b * p->v.strides[0] + g * p->v.strides[1]);
-    const int64_t ks2 = p->k.strides[2], ks3 = p->k.strides[3], vs2 = p->v.strides[2], vs3 = p->v.strides[3];
-    for (int64_t r = 0; r < R; ++r) {
+    for (int64_t r = 0; r < R; ++r) { /* q rows through the loader (kp is free until the first K tile) */
         if (state[r] != ROW_VALID)
             continue;
-        const float *qr = p->q.data + b * p->q.strides[0] + hrow[r] * p->q.strides[1] + irow[r] * p->q.strides[2];
+        const sdpa__rows qr = p->load_q->rows(&p->q, b, hrow[r], irow[r], irow[r] + 1, kp);
         for (int64_t e = 0; e < E; ++e)
-            qp[r * E + e] = qr[e * p->q.strides[3]] * c->qscale;
+            qp[r * E + e] = qr.data[e] * c->qscale;
     }
 
     for (int64_t a = jmin / BN * BN; a < jmax; a += BN) {
@@ -236,16 +234,10 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         if (any_full)
             memset(used, 1, (size_t)n);
 
-        /* K tile: in place when rows are contiguous along E, else packed. */
-        const float *kt = kbase + ta * ks2;
-        ptrdiff_t kstride = (ptrdiff_t)ks2;
-        if (ks3 != 1) {
-            for (int64_t t = 0; t < n; ++t)
-                for (int64_t e = 0; e < E; ++e)
-                    kp[t * E + e] = kt[t * ks2 + e * ks3];
-            kt = kp;
-            kstride = (ptrdiff_t)E;
-        }
+        /* K tile from the loader (in place when float32 rows are contiguous along E). */
+        const sdpa__rows kr = p->load_k->rows(&p->k, b, g, ta, tc, kp);
+        const float *kt = kr.data;
+        const ptrdiff_t kstride = kr.stride;
 
         for (int64_t r = 0; r < R; ++r) {
             if (mode[r] == MODE_NONE)
@@ -283,15 +275,10 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         for (int64_t t = 0; t < n; ++t)
             if (used[t])
                 idx[cnt++] = (int32_t)t;
-        const float *vt = vbase + ta * vs2;
-        ptrdiff_t vstride = (ptrdiff_t)vs2;
-        if (vs3 != 1) { /* pack the used rows only */
-            for (int64_t u = 0; u < cnt; ++u)
-                for (int64_t e = 0; e < Ev; ++e)
-                    vp[idx[u] * Ev + e] = vt[idx[u] * vs2 + e * vs3];
-            vt = vp;
-            vstride = (ptrdiff_t)Ev;
-        }
+        /* V tile from the loader; axpy_rows reads the used rows (idx) only. */
+        const sdpa__rows vr = p->load_v->rows(&p->v, b, g, ta, tc, vp);
+        const float *vt = vr.data;
+        const ptrdiff_t vstride = vr.stride;
         for (int64_t r = 0; r < R; ++r)
             if (mode[r] != MODE_NONE)
                 mk->axpy_rows(o + r * Ev, Ev, alpha[r], s + r * BN, idx, cnt, vt, vstride);
@@ -319,12 +306,10 @@ static sdpa_status first_nonfinite_kv(const sdpa__plan *p, const sdpa__mk *mk, i
             for (int64_t j = 0; j < p->S; ++j) {
                 if (!used[j])
                     continue;
-                if (!sdpa__finite_strided(mk, p->k.data + b * p->k.strides[0] + g * p->k.strides[1] +
-                                                  j * p->k.strides[2], p->E, p->k.strides[3]))
+                if (!p->load_k->row_finite(mk, &p->k, b, g, j))
                     return sdpa__fail_kv_row(b, g, j, false);
                 if (p->Ev > 0 &&
-                    !sdpa__finite_strided(mk, p->v.data + b * p->v.strides[0] + g * p->v.strides[1] +
-                                                  j * p->v.strides[2], p->Ev, p->v.strides[3]))
+                    !p->load_v->row_finite(mk, &p->v, b, g, j))
                     return sdpa__fail_kv_row(b, g, j, true);
             }
         }

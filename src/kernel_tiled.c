@@ -3,13 +3,13 @@
  *
  *   Qt = scale * Q_block^T, packed once per item (zero lanes for rows that read nothing)
  *   for each tile of SDPA__TILE_K keys that some row of the block may attend:
- *     St = K_tile Qt                      (lanes_gemm; K read in place, any strides)
+ *     St = K_tile Qt                      (lanes_gemm; K rows from the loader, load.h)
  *     softcap; bias, allow-mask and the structural rules (causal, window, key lengths) set
  *     blocked scores to -inf, but only in tiles that are not fully allowed
  *     online softmax: running max m, alpha = exp(m_old - m_new), P = exp(S - m_new),
  *     l = alpha l + sum P (pre-dropout; l in double)
  *     dropout zeroes P where the (b, h, i, j) keep bit says so
- *     Ot = alpha Ot + V_tile^T P          (lanes_gemm; V read in place)
+ *     Ot = alpha Ot + V_tile^T P          (lanes_gemm; V rows from the loader)
  *   out = Ot / l (times 1/(1-p) under dropout), lse = m + log l
  *
  * Tiles that no row may attend (causal, window, key/query lengths, an all-zero stretch of the
@@ -18,11 +18,15 @@
  * used keys are gathered), so NaN stored there cannot reach out through 0 * NaN.
  * A row whose float32 scores or P.V sums are not finite although the inputs are (overflow) is
  * recomputed in double (fallback_double.c).
- * Extra memory: per thread, tiles of (E + TILE_K + Ev) x TILE_Q floats plus TILE_K x Ev floats;
+ * Q, K and V reach the micro-kernels only through the plan's loaders: float32 rows with unit
+ * inner stride in place, anything else copied (widened) into the thread's loader tiles.
+ * Extra memory: per thread, tiles of (E + TILE_K + Ev) x TILE_Q floats, TILE_K x Ev floats and
+ * the loader tiles (TILE_Q x E, TILE_K x E, TILE_K x Ev floats);
  * nothing grows with L or S. Work items are the same for every thread count, so results are
  * bit-identical for any num_threads. */
 #include "kernel.h"
 #include "dispatch.h"
+#include "load.h"
 
 #include <math.h>
 #include <string.h>
@@ -33,7 +37,7 @@
 enum { LANE_OFF = 0, LANE_VALID = 1, LANE_PADDING = 2, LANE_EMPTY = 3 };
 
 typedef struct layout {
-    size_t qt, st, ot, vg, m, alpha, tsum, l, acc, bad, lo, hi, cnt, state, used, keep, total;
+    size_t qt, st, ot, vg, qtile, ktile, vtile, m, alpha, tsum, l, acc, bad, lo, hi, cnt, state, used, keep, total;
 } layout;
 
 static size_t take(size_t *at, size_t bytes) {
@@ -50,6 +54,9 @@ static layout make_layout(const sdpa__plan *p) {
     l.st = take(&at, (size_t)BN * BM * f);
     l.ot = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BM), f));
     l.vg = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BN), f));
+    l.qtile = take(&at, sdpa__mul_sat(sdpa__mul_sat(E, BM), f)); /* loader tiles (load.h) */
+    l.ktile = take(&at, sdpa__mul_sat(sdpa__mul_sat(E, BN), f));
+    l.vtile = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BN), f));
     l.m = take(&at, BM * f);
     l.alpha = take(&at, BM * f);
     l.tsum = take(&at, BM * f);
@@ -169,12 +176,12 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     const layout *lay = &c->lay;
     unsigned char *ws = c->ws + (size_t)tid * lay->total;
     float *qt = (float *)(ws + lay->qt), *st = (float *)(ws + lay->st), *ot = (float *)(ws + lay->ot);
+    float *qtile = (float *)(ws + lay->qtile), *ktile = (float *)(ws + lay->ktile), *vtile = (float *)(ws + lay->vtile);
     float *vg = (float *)(ws + lay->vg), *m = (float *)(ws + lay->m), *alpha = (float *)(ws + lay->alpha);
     float *tsum = (float *)(ws + lay->tsum);
     double *l = (double *)(ws + lay->l), *acc = (double *)(ws + lay->acc);
     int32_t *bad = (int32_t *)(ws + lay->bad), *lo = (int32_t *)(ws + lay->lo), *hi = (int32_t *)(ws + lay->hi);
     int32_t *cnt = (int32_t *)(ws + lay->cnt), cs[BM / SDPA__LANES], ce[BM / SDPA__LANES];
-    float inv_q[BM];
     uint8_t *state = ws + lay->state, *used = ws + lay->used, *keep = ws + lay->keep;
 
     /* Head-major, so that consecutive tasks (on one thread or on neighbours) reuse the head's K
@@ -214,33 +221,20 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     }
 
     if (any_valid) {
-        const float *qbase = p->q.data + b * p->q.strides[0] + h * p->q.strides[1];
-        const float *kbase = p->k.data + b * p->k.strides[0] + g * p->k.strides[1];
-        const float *vbase = at(p->v.data, b * p->v.strides[0] + g * p->v.strides[1]);
-        const int64_t qs2 = p->q.strides[2], qs3 = p->q.strides[3];
-        const int64_t ks2 = p->k.strides[2], ks3 = p->k.strides[3];
-        const int64_t vs2 = p->v.strides[2], vs3 = p->v.strides[3];
         /* Qt[e][lane] = scale * q[i0 + lane][e]; lanes that read nothing get zeros (a padding or
          * fully blocked query row is never inspected and may hold NaN). */
         for (int64_t r = 0; r < nl; ++r) {
-            inv_q[r] = state[r] == LANE_VALID ? c->qscale : 0.0f;
             m[r] = -INFINITY;
             l[r] = 0.0;
             bad[r] = 0;
         }
-        if (qs3 == 1) { /* rows contiguous along E: SIMD transpose, then clear the idle lanes */
-            mk->pack_lanes(qbase + i0 * qs2, (ptrdiff_t)qs2, rows, E, c->qscale, qt, nl);
+        { /* float32 rows from the loader: SIMD transpose, then clear the idle lanes */
+            const sdpa__rows qr = p->load_q->rows(&p->q, b, h, i0, i0 + rows, qtile);
+            mk->pack_lanes(qr.data, qr.stride, rows, E, c->qscale, qt, nl);
             for (int64_t r = 0; r < nl; ++r)
                 if (state[r] != LANE_VALID)
                     for (int64_t e = 0; e < E; ++e)
                         qt[e * nl + r] = 0.0f;
-        } else {
-            for (int64_t e = 0; e < E; ++e) {
-                float *qe = qt + e * nl;
-                const float *src = qbase + i0 * qs2 + e * qs3;
-                for (int64_t r = 0; r < nl; ++r)
-                    qe[r] = state[r] == LANE_VALID ? src[r * qs2] * inv_q[r] : 0.0f;
-            }
         }
         beta = NULL; /* the first P.V overwrites Ot (its alpha is 0: m was -inf) */
 
@@ -254,6 +248,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
              * the keys its rows can reach, [s0, e0); the rest of its column is P = 0. A causal
              * diagonal tile then costs about 5/8 (16-row chunks) or 3/4 (32) of a full one. */
             const bool ranged = tcl == SDPA__TILE_PARTIAL_RANGE;
+            const sdpa__rows kr = p->load_k->rows(&p->k, b, g, ta, tc, ktile);
             bool all_used = true;
             if (ranged) {
                 all_used = range_used(nl, state, lo, hi, ta, n, cnt, used);
@@ -279,7 +274,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                                 st[t * nl + r] = 0.0f;
                     float *sc = st + (s0 - ta) * nl + l0;
                     if (s0 < e0) {
-                        mk->lanes_gemm(e0 - s0, E, kbase + s0 * ks2, (ptrdiff_t)ks2, (ptrdiff_t)ks3, qt + l0, sc,
+                        mk->lanes_gemm(e0 - s0, E, kr.data + (s0 - ta) * kr.stride, kr.stride, 1, qt + l0, sc,
                                        NULL, w, nl);
                         if (p->softcap > 0.0f)
                             for (int64_t t = 0; t < e0 - s0; ++t)
@@ -289,7 +284,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                     mk->lanes_softmax(sc, e0 - s0, w, nl, m + l0, alpha + l0, tsum + l0, NULL);
                 }
             } else {
-                mk->lanes_gemm(n, E, kbase + ta * ks2, (ptrdiff_t)ks2, (ptrdiff_t)ks3, qt, st, NULL, nl, nl);
+                mk->lanes_gemm(n, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
                 if (p->softcap > 0.0f)
                     mk->softcap(st, n * nl, p->softcap);
                 int32_t *check = bad;
@@ -313,16 +308,17 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             }
             if (Ev == 0)
                 continue;
+            const sdpa__rows vr = p->load_v->rows(&p->v, b, g, ta, tc, vtile);
             if (all_used && ranged) { /* keys outside a chunk's reach have P = 0 there: skipped */
                 int nc = 0;
                 for (int64_t l0 = 0; l0 < nl; l0 += mk->range_lanes, ++nc) {
                     const int64_t w = nl - l0 < mk->range_lanes ? nl - l0 : mk->range_lanes;
                     const int64_t s0 = cs[nc], e0 = ce[nc];
-                    mk->lanes_gemm(Ev, e0 - s0, vbase + (s0 < e0 ? s0 : ta) * vs2, (ptrdiff_t)vs3, (ptrdiff_t)vs2,
+                    mk->lanes_gemm(Ev, e0 - s0, vr.data + ((s0 < e0 ? s0 : ta) - ta) * vr.stride, 1, vr.stride,
                                    st + (s0 < e0 ? s0 - ta : 0) * nl + l0, ot + l0, beta ? beta + l0 : NULL, w, nl);
                 }
             } else if (all_used) {
-                mk->lanes_gemm(Ev, n, vbase + ta * vs2, (ptrdiff_t)vs3, (ptrdiff_t)vs2, st, ot, beta, nl, nl);
+                mk->lanes_gemm(Ev, n, vr.data, 1, vr.stride, st, ot, beta, nl, nl);
             } else { /* gather the used keys: the others' V rows are never read */
                 int64_t cu = 0;
                 for (int64_t t = 0; t < n; ++t) {
@@ -330,9 +326,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                         continue;
                     if (cu != t)
                         memcpy(st + cu * nl, st + t * nl, (size_t)nl * sizeof(float));
-                    const float *vr = vbase + (ta + t) * vs2;
-                    for (int64_t d = 0; d < Ev; ++d)
-                        vg[cu * Ev + d] = vr[d * vs3];
+                    memcpy(vg + cu * Ev, vr.data + t * vr.stride, (size_t)Ev * sizeof(float));
                     ++cu;
                 }
                 mk->lanes_gemm(Ev, cu, vg, 1, (ptrdiff_t)Ev, st, ot, beta, nl, nl);

@@ -1,6 +1,7 @@
 /* sdpa__plan_make: validated shapes, views and rules of an sdpa_attention call (everything that
  * does not depend on tensor values); no kernel knowledge. */
 #include "internal.h"
+#include "load.h"
 
 #include <math.h>
 #include <string.h>
@@ -18,6 +19,7 @@ static int user_axis(int32_t rank, int d4) { return rank == 4 ? d4 : (d4 == 0 ? 
 static sdpa__view4 to_view4(const sdpa_tensor *t) {
     sdpa__view4 v;
     v.data = (float *)t->data;
+    v.dtype = (int32_t)t->dtype;
     if (t->rank == 4) {
         for (int d = 0; d < 4; ++d) {
             v.shape[d] = t->shape[d];
@@ -212,6 +214,11 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
         if ((st = sdpa__check_overlaps(FN, in, nin, outs, nout)) != SDPA_OK) return st;
     }
 
+    p->load_q = sdpa__loader_for(&p->q, SDPA__ADDR_STRIDED);
+    p->load_k = sdpa__loader_for(&p->k, SDPA__ADDR_STRIDED);
+    p->load_v = sdpa__loader_for(&p->v, SDPA__ADDR_STRIDED);
+    if (p->load_q == NULL || p->load_k == NULL || p->load_v == NULL)
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: no loader reads query/key/value of these dtypes", FN);
     p->scale = o->scale > 0.0f ? o->scale : (float)(1.0 / sqrt((double)p->E));
     p->softcap = o->softcap;
     p->rules.L = p->L;
