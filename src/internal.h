@@ -86,7 +86,7 @@ sdpa_status sdpa__options_read(const char *fn, const sdpa_options *in, sdpa_opti
 /* Range checks of the scalar and enum fields of *o that need no shapes. */
 sdpa_status sdpa__options_check(const char *fn, const sdpa_options *o);
 
-/* ---- matmul.c: the only user of cblas ---- */
+/* ---- matmul.c: the only user of cblas (serves mha.c's projections only; attention kernels use the micro-kernels) ---- */
 
 /* A logical row-major matrix view: element (r, c) at data[r * row_stride + c * col_stride]. */
 typedef struct sdpa__mat {

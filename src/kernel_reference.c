@@ -1,17 +1,22 @@
 /* The reference kernel. For each (batch, head, block of query rows):
- *   1. one score tile [rows, keys] from the matmul core (keys: the union of the rows'
- *      structural ranges, every key when `weights` holds raw scores);
+ *   1. one score tile [rows, keys] (keys: the union of the rows' structural ranges, every key
+ *      when `weights` holds raw scores), tile by tile of SDPA__TILE_K keys from the library's
+ *      micro-kernels (lanes_gemm on Q packed as lanes; K rows through the plan's loader);
  *   2. per row: softcap, bias, the allowed set, a masked softmax into probabilities
  *      (exact 0 where blocked), lse and the requested weights;
- *   3. out = P.V through the matmul core. A key whose probability is 0 in every row of the
- *      block (blocked, or outside some rows' ranges) is never read: if there is one, the V
- *      rows of the range are gathered into the workspace with such rows replaced by zeros,
- *      so a NaN stored there cannot reach out (0 * NaN would). Which path runs depends on
- *      the probabilities only, never on the values stored in blocked rows, so those values
- *      cannot change a single bit of the result.
- * Extra memory: tiles of row_block x S and row_block x Ev floats and S x Ev floats of
- * gathered V, never B*H*L*S. */
+ *   3. out = P.V through the micro-kernels, key tile by key tile. A key whose probability is
+ *      0 in every row of the block (blocked, or outside some rows' ranges) is never read: its
+ *      V row and its P row are left out (the used keys are gathered), so a NaN stored there
+ *      cannot reach out (0 * NaN would). Which keys are read depends on the probabilities
+ *      only, never on the values stored in blocked rows, so those values cannot change a
+ *      single bit of the result.
+ * No BLAS: OpenBLAS 0.3.21 retries its buffer allocation forever when the address space is
+ * capped (setrlimit(RLIMIT_AS)); the tile products here allocate nothing.
+ * Extra memory: tiles of row_block x S floats (scores) and S x lanes floats (P as lanes), and
+ * per-key-tile buffers; never B*H*L*S. */
+#include "dispatch.h"
 #include "kernel.h"
+#include "load.h"
 
 #include <math.h>
 #include <string.h>
@@ -30,50 +35,45 @@ static size_t mul_sat(size_t a, size_t b) { return (b != 0 && a > SIZE_MAX / b) 
 /* base + off, without arithmetic on the NULL data of an empty view. */
 static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
 
-static sdpa__mat q_block(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows) {
-    sdpa__mat m = {at(p->q.data, b * p->q.strides[0] + h * p->q.strides[1] + i0 * p->q.strides[2]), rows, p->E,
-                   p->q.strides[2], p->q.strides[3]};
-    return m;
-}
+#define BN SDPA__TILE_K
 
-/* K^T restricted to keys [j0, j0 + n): a logical [E, n] matrix. */
-static sdpa__mat kt_block(const sdpa__plan *p, int64_t b, int64_t g, int64_t j0, int64_t n) {
-    sdpa__mat m = {at(p->k.data, b * p->k.strides[0] + g * p->k.strides[1] + j0 * p->k.strides[2]), p->E, n,
-                   p->k.strides[3], p->k.strides[2]};
-    return m;
-}
-
-/* V restricted to keys [j0, j0 + n): a logical [n, Ev] matrix. */
-static sdpa__mat v_block(const sdpa__plan *p, int64_t b, int64_t g, int64_t j0, int64_t n) {
-    sdpa__mat m = {at(p->v.data, b * p->v.strides[0] + g * p->v.strides[1] + j0 * p->v.strides[2]), n, p->Ev,
-                   p->v.strides[2], p->v.strides[3]};
-    return m;
+/* Lanes of a block: row_block rounded up to the lane quantum. */
+static int64_t block_lanes(const sdpa__plan *p) {
+    return (p->row_block + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES;
 }
 
 /* Workspace layout, in this order, each part 64-byte aligned. */
 typedef struct layout {
-    size_t flags, tile, otile, state, acc, vgather, pack, total;
+    size_t flags, tile, otile, state, acc, qt, st, pt, ot, ktile, vtile, vg, ones, total;
 } layout;
 
-static layout make_layout(const sdpa__plan *p) {
-    const size_t rb = (size_t)p->row_block, S = (size_t)p->S, Ev = (size_t)p->Ev;
-    const sdpa__mat a = q_block(p, 0, 0, 0, p->row_block), kt = kt_block(p, 0, 0, 0, p->S),
-                    vb = v_block(p, 0, 0, 0, p->S);
-    const size_t pack_scores = add_sat(sdpa__matmul_pack_floats(&a), sdpa__matmul_pack_floats(&kt));
-    const size_t pack_pv = sdpa__matmul_pack_floats(&vb); /* the gathered copy never needs packing */
-    layout l;
-    l.flags = 0;                                                            /* S bytes (also check_values) */
-    l.tile = ALIGN_UP(S);                                                   /* scores, then probabilities */
-    l.otile = add_sat(l.tile, ALIGN_UP(mul_sat(mul_sat(rb, S), sizeof(float))));
-    l.state = add_sat(l.otile, ALIGN_UP(mul_sat(mul_sat(rb, Ev), sizeof(float))));
-    l.acc = add_sat(l.state, ALIGN_UP(rb));
-    l.vgather = add_sat(l.acc, ALIGN_UP(mul_sat(Ev, sizeof(double))));
-    l.pack = add_sat(l.vgather, ALIGN_UP(mul_sat(mul_sat(S, Ev), sizeof(float))));
-    l.total = add_sat(l.pack, mul_sat(pack_scores > pack_pv ? pack_scores : pack_pv, sizeof(float)));
-    return l;
+static size_t take(size_t *at, size_t bytes) {
+    size_t here = *at;
+    *at = add_sat(*at, ALIGN_UP(bytes));
+    return here;
 }
 
-
+static layout make_layout(const sdpa__plan *p) {
+    const size_t rb = (size_t)p->row_block, S = (size_t)p->S, E = (size_t)p->E, Ev = (size_t)p->Ev;
+    const size_t nl = (size_t)block_lanes(p), f = sizeof(float);
+    layout l;
+    size_t at = 0;
+    l.flags = take(&at, S);                              /* per-key flags of a row, then used keys */
+    l.tile = take(&at, mul_sat(mul_sat(rb, S), f));      /* [rows, n] scores, then probabilities */
+    l.otile = take(&at, mul_sat(mul_sat(rb, Ev), f));    /* [rows, Ev] P.V */
+    l.state = take(&at, rb);
+    l.acc = take(&at, mul_sat(Ev, sizeof(double)));
+    l.qt = take(&at, mul_sat(mul_sat(E, nl), f));        /* scale * Q^T as lanes */
+    l.st = take(&at, mul_sat(mul_sat((size_t)BN, nl), f)); /* one key tile of scores / gathered P */
+    l.pt = take(&at, mul_sat(mul_sat(S, nl), f));        /* P^T as lanes */
+    l.ot = take(&at, mul_sat(mul_sat(Ev, nl), f));       /* (P.V)^T as lanes */
+    l.ktile = take(&at, mul_sat(mul_sat(E, (size_t)BN > rb ? (size_t)BN : rb), f)); /* loader tiles (Q, then K) */
+    l.vtile = take(&at, mul_sat(mul_sat(Ev, (size_t)BN), f));
+    l.vg = take(&at, mul_sat(mul_sat(Ev, (size_t)BN), f));
+    l.ones = take(&at, mul_sat(nl, f));
+    l.total = at;
+    return l;
+}
 
 static void zero_row(float *row, int64_t n, int64_t stride) {
     for (int64_t d = 0; d < n; ++d)
@@ -185,6 +185,72 @@ static void row_outputs(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, fl
     *lrow = p->has_lse ? at(p->lse, b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]) : NULL;
 }
 
+/* tile[r * n + t] = scale * <q_{i0 + r}, k_{jlo + t}> for r < rows, t < n: Q packed once as
+ * lanes (idle lanes zero), then one lanes_gemm per key tile, transposed into the row tile. */
+static void scores(const sdpa__plan *p, const sdpa__mk *mk, int64_t b, int64_t h, int64_t g, int64_t i0,
+                   int64_t rows, int64_t jlo, int64_t n, float *tile, float *qt, float *st, float *ktile) {
+    const int64_t nl = (rows + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES, E = p->E;
+    const sdpa__rows qr = p->load_q->rows(&p->q, b, h, i0, i0 + rows, ktile);
+    mk->pack_lanes(qr.data, qr.stride, rows, E, p->scale, qt, nl);
+    for (int64_t e = 0; e < E; ++e)
+        for (int64_t r = rows; r < nl; ++r)
+            qt[e * nl + r] = 0.0f;
+    for (int64_t t0 = jlo; t0 < jlo + n; t0 += BN) {
+        const int64_t t1 = t0 + BN < jlo + n ? t0 + BN : jlo + n;
+        const sdpa__rows kr = p->load_k->rows(&p->k, b, g, t0, t1, ktile);
+        mk->lanes_gemm(t1 - t0, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
+        mk->unpack_lanes(st, nl, rows, t1 - t0, tile + (t0 - jlo), (ptrdiff_t)n);
+    }
+}
+
+/* otile[r * Ev + d] = sum_t tile[r * n + t] * v_{jlo + t}[d] for r < rows: P packed as lanes,
+ * then per key tile one lanes_gemm over the keys some row uses (P != 0); the other keys' V rows
+ * are never read. used: n bytes of scratch. */
+static void p_times_v(const sdpa__plan *p, const sdpa__mk *mk, int64_t b, int64_t g, int64_t rows, int64_t jlo,
+                      int64_t n, const float *tile, uint8_t *used, float *pt, float *pc, float *ot, float *vtile,
+                      float *vg, const float *ones, float *otile) {
+    const int64_t nl = (rows + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES, Ev = p->Ev;
+    mk->pack_lanes(tile, (ptrdiff_t)n, rows, n, 1.0f, pt, nl);
+    for (int64_t t = 0; t < n; ++t) {
+        bool u = false;
+        for (int64_t r = rows; r < nl; ++r)
+            pt[t * nl + r] = 0.0f;
+        for (int64_t r = 0; r < rows && !u; ++r)
+            u = pt[t * nl + r] != 0.0f;
+        used[t] = u;
+    }
+    const float *beta = NULL; /* the first product overwrites ot */
+    for (int64_t t0 = 0; t0 < n; t0 += BN) {
+        const int64_t t1 = t0 + BN < n ? t0 + BN : n;
+        int64_t cu = 0;
+        bool all = true;
+        for (int64_t t = t0; t < t1; ++t) {
+            cu += used[t];
+            all = all && used[t];
+        }
+        if (cu == 0)
+            continue;
+        const sdpa__rows vr = p->load_v->rows(&p->v, b, g, jlo + t0, jlo + t1, vtile);
+        if (all) {
+            mk->lanes_gemm(Ev, t1 - t0, vr.data, 1, vr.stride, pt + t0 * nl, ot, beta, nl, nl);
+        } else { /* gather the used keys: P rows and V rows */
+            int64_t c = 0;
+            for (int64_t t = t0; t < t1; ++t) {
+                if (!used[t])
+                    continue;
+                memcpy(pc + c * nl, pt + t * nl, (size_t)nl * sizeof(float));
+                memcpy(vg + c * Ev, vr.data + (t - t0) * vr.stride, (size_t)Ev * sizeof(float));
+                ++c;
+            }
+            mk->lanes_gemm(Ev, cu, vg, 1, (ptrdiff_t)Ev, pc, ot, beta, nl, nl);
+        }
+        beta = ones;
+    }
+    if (beta == NULL) /* no key used: every row's P.V is 0 */
+        memset(ot, 0, (size_t)(Ev * nl) * sizeof(float));
+    mk->unpack_lanes(ot, nl, rows, Ev, otile, (ptrdiff_t)Ev);
+}
+
 static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw, size_t ws_bytes) {
     (void)threads; /* the calling thread only */
     const layout l = make_layout(p);
@@ -193,8 +259,13 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
                           l.total);
     unsigned char *ws = (unsigned char *)ws_raw;
     uint8_t *allowed = ws + l.flags, *state = ws + l.state;
-    float *tile = (float *)(ws + l.tile), *otile = (float *)(ws + l.otile), *pack = (float *)(ws + l.pack);
-    float *vgather = (float *)(ws + l.vgather);
+    float *tile = (float *)(ws + l.tile), *otile = (float *)(ws + l.otile);
+    float *qt = (float *)(ws + l.qt), *st = (float *)(ws + l.st), *pt = (float *)(ws + l.pt);
+    float *ot = (float *)(ws + l.ot), *ktile = (float *)(ws + l.ktile), *vtile = (float *)(ws + l.vtile);
+    float *vg = (float *)(ws + l.vg), *ones = (float *)(ws + l.ones);
+    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
+    for (int64_t t = 0; t < block_lanes(p); ++t)
+        ones[t] = 1.0f;
     double *acc = (double *)(ws + l.acc);
     const bool score_stage = p->has_weights && p->weights_stage != SDPA_WEIGHTS_PROBABILITIES;
     sdpa__dropout drop;
@@ -222,11 +293,8 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
                     jhi = p->S;
                 }
                 const int64_t n = jhi > jlo ? jhi - jlo : 0;
-                if (n > 0) {
-                    const sdpa__mat a = q_block(p, b, h, i0, rows), kt = kt_block(p, b, g, jlo, n);
-                    sdpa__mat t = {tile, rows, n, n, 1};
-                    sdpa__matmul(&a, &kt, p->scale, 0.0f, &t, pack);
-                }
+                if (n > 0)
+                    scores(p, mk, b, h, g, i0, rows, jlo, n, tile, qt, st, ktile);
                 bool need_pv = false;
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t i = i0 + r;
@@ -241,26 +309,7 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
                 }
                 if (!need_pv || p->Ev == 0)
                     continue;
-                /* Keys with a nonzero probability in some row of the block. */
-                uint8_t *used = allowed;
-                memset(used, 0, (size_t)n);
-                bool all_used = true;
-                for (int64_t j = 0; j < n; ++j) {
-                    for (int64_t r = 0; r < rows && !used[j]; ++r)
-                        used[j] = tile[r * n + j] != 0.0f;
-                    all_used = all_used && used[j];
-                }
-                sdpa__mat vb = v_block(p, b, g, jlo, n);
-                if (!all_used) { /* gather, zeros for the keys nothing uses: they are never read */
-                    for (int64_t j = 0; j < n; ++j)
-                        for (int64_t d = 0; d < p->Ev; ++d)
-                            vgather[j * p->Ev + d] = used[j] ? vb.data[j * vb.row_stride + d * vb.col_stride] : 0.0f;
-                    const sdpa__mat gathered = {vgather, n, p->Ev, p->Ev, 1};
-                    vb = gathered;
-                }
-                const sdpa__mat pm = {tile, rows, n, n, 1};
-                sdpa__mat o = {otile, rows, p->Ev, p->Ev, 1};
-                sdpa__matmul(&pm, &vb, 1.0f, 0.0f, &o, pack);
+                p_times_v(p, mk, b, g, rows, jlo, n, tile, allowed, pt, st, ot, vtile, vg, ones, otile);
                 for (int64_t r = 0; r < rows; ++r) {
                     if (state[r] != ROW_PV)
                         continue;
