@@ -43,21 +43,10 @@ static sdpa_status choose(const char *fn, const sdpa__plan *p, exec *x) {
     return SDPA_OK;
 }
 
-SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const sdpa_tensor *k,
-                                                   const sdpa_tensor *v, const sdpa_options *options,
-                                                   int weights_requested, size_t *bytes) {
-    static const char fn[] = "sdpa_attention_workspace_size";
-    sdpa__plan p;
-    sdpa_options o;
+sdpa_status sdpa__attention_workspace_bytes(const char *fn, const sdpa__plan *p, size_t *bytes) {
     exec x = {NULL, 0, 0, 0};
-    sdpa__clear_error();
-    if (bytes == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: bytes is NULL", fn);
-    sdpa_status st = sdpa__plan_make(q, k, v, options, NULL, NULL, NULL, true, &p, &o);
+    sdpa_status st = choose(fn, p, &x);
     if (st != SDPA_OK)
-        return st;
-    p.has_weights = weights_requested != 0;
-    if ((st = choose(fn, &p, &x)) != SDPA_OK)
         return st;
     if (x.bytes == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", fn);
@@ -65,30 +54,23 @@ SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const s
     return SDPA_OK;
 }
 
-SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
-                                    const sdpa_options *options, const sdpa_tensor *out,
-                                    const sdpa_tensor *weights, const sdpa_tensor *lse) {
-    sdpa__plan p;
-    sdpa_options o;
+sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t workspace_bytes) {
     exec x = {NULL, 0, 0, 0};
-    sdpa__clear_error();
-    sdpa_status st = sdpa__plan_make(q, k, v, options, out, weights, lse, false, &p, &o);
+    sdpa_status st = choose(FN, p, &x);
     if (st != SDPA_OK)
-        return st;
-    if ((st = choose(FN, &p, &x)) != SDPA_OK)
         return st;
     size_t need = x.bytes;
     if (need == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", FN);
-    if (o.workspace != NULL && o.workspace_bytes < need)
+    if (workspace != NULL && workspace_bytes < need)
         return sdpa__fail(SDPA_ERR_WORKSPACE_TOO_SMALL,
                           "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
-                          FN, o.workspace_bytes, need);
-    if (p.B == 0 || p.Hq == 0 || p.L == 0) { /* no query row: nothing to check or write */
+                          FN, workspace_bytes, need);
+    if (p->B == 0 || p->Hq == 0 || p->L == 0) { /* no query row: nothing to check or write */
         sdpa__set_kernel("none");
         return SDPA_OK;
     }
-    void *ws = o.workspace, *owned = NULL;
+    void *ws = workspace, *owned = NULL;
     if (ws == NULL) {
         owned = ws = malloc(need);
         if (ws == NULL)
@@ -98,10 +80,38 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, 
     ws = (void *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
     need -= SDPA__WS_ALIGN_SLACK;
     /* A kernel that checks the K/V rows it streams itself saves the check stage that pass. */
-    const bool kv_inline = x.kernel->checks_kv_inline && p.check_finite;
-    st = sdpa__check_values(&p, !kv_inline, x.check_threads, ws);
+    const bool kv_inline = x.kernel->checks_kv_inline && p->check_finite;
+    st = sdpa__check_values(p, !kv_inline, x.check_threads, ws);
     if (st == SDPA_OK)
-        st = x.kernel->run(&p, x.threads, ws, need);
+        st = x.kernel->run(p, x.threads, ws, need);
     free(owned);
     return st;
+}
+
+SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const sdpa_tensor *k,
+                                                   const sdpa_tensor *v, const sdpa_options *options,
+                                                   int weights_requested, size_t *bytes) {
+    static const char fn[] = "sdpa_attention_workspace_size";
+    sdpa__plan p;
+    sdpa_options o;
+    sdpa__clear_error();
+    if (bytes == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: bytes is NULL", fn);
+    sdpa_status st = sdpa__plan_make(q, k, v, options, NULL, NULL, NULL, true, &p, &o);
+    if (st != SDPA_OK)
+        return st;
+    p.has_weights = weights_requested != 0;
+    return sdpa__attention_workspace_bytes(fn, &p, bytes);
+}
+
+SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                                    const sdpa_options *options, const sdpa_tensor *out,
+                                    const sdpa_tensor *weights, const sdpa_tensor *lse) {
+    sdpa__plan p;
+    sdpa_options o;
+    sdpa__clear_error();
+    sdpa_status st = sdpa__plan_make(q, k, v, options, out, weights, lse, false, &p, &o);
+    if (st != SDPA_OK)
+        return st;
+    return sdpa__attention_planned(&p, o.workspace, o.workspace_bytes);
 }

@@ -141,6 +141,14 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
                             const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
                             const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o);
 
+/* ---- attention.c: the internal entries behind sdpa_attention (mha.c uses them) ---- */
+
+/* Workspace bytes of a plan (its kernel chosen as sdpa_attention would); messages name fn. */
+sdpa_status sdpa__attention_workspace_bytes(const char *fn, const sdpa__plan *p, size_t *bytes);
+/* sdpa_attention after its plan: checks -> kernel -> run, with the caller's workspace (NULL =
+ * allocated and freed here). The plan must come from sdpa__plan_make with its outputs. */
+sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t workspace_bytes);
+
 /* ---- check.c: value checks before any write (empty rows, finite check), parallel ---- */
 
 /* Threads of the checks (a function of the shape and p->num_threads only). */

@@ -1,5 +1,6 @@
 /* The multi-head attention layer (torch.nn.MultiheadAttention, batch_first=True, and the
- * Llama-style GQA variant): validate -> project -> sdpa_attention -> output projection.
+ * Llama-style GQA variant): validate -> project -> attention (the internal entries behind
+ * sdpa_attention: sdpa__plan_make, sdpa__attention_planned) -> output projection.
  *
  * Data flow, all inside one workspace (caller's or allocated here and freed before return):
  *   Qp [B*L, Dq], Kp/Vp [B*S', Dkv]: one GEMM each over all rows (y = x W^T + b) through the
@@ -616,8 +617,14 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         mha_attn a;
         size_t n = 0;
         attn_setup(pl, NULL, false, &a);
-        if (BL > 0) {
-            st = sdpa_attention_workspace_size(&a.q, &a.k, &a.v, &a.opt, pl->want_weights, &n);
+        if (BL > 0) { /* the attention's own plan and workspace (internal entries, attention.c) */
+            sdpa__plan ap;
+            sdpa_options ao;
+            st = sdpa__plan_make(&a.q, &a.k, &a.v, &a.opt, NULL, NULL, NULL, true, &ap, &ao);
+            if (st == SDPA_OK) {
+                ap.has_weights = pl->want_weights;
+                st = sdpa__attention_workspace_bytes("sdpa_attention_workspace_size", &ap, &n);
+            }
             if (st != SDPA_OK)
                 return rewrap(fn, st);
         }
@@ -974,7 +981,13 @@ SDPA_API sdpa_status sdpa_mha_forward(const sdpa_mha_params *params, const sdpa_
     } else if (attn_weights) {
         wout = attn_weights; /* per head: written by sdpa_attention only once its checks pass */
     }
-    st = sdpa_attention(&a.q, &a.k, &a.v, &a.opt, &a.o, wout, NULL);
+    {
+        sdpa__plan ap;
+        sdpa_options ao;
+        st = sdpa__plan_make(&a.q, &a.k, &a.v, &a.opt, &a.o, wout, NULL, false, &ap, &ao);
+        if (st == SDPA_OK)
+            st = sdpa__attention_planned(&ap, ao.workspace, ao.workspace_bytes);
+    }
     if (st != SDPA_OK) {
         st = rewrap(fn, st);
         free(owned);
