@@ -195,15 +195,18 @@ void sdpa__dropout_apply(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i
 
 /* ---- fallback_double.c: rows float32 cannot carry, recomputed in double ---- */
 
+/* Scratch bytes the two functions below need (64-byte aligned scratch). */
+size_t sdpa__fallback_scratch_bytes(const sdpa__plan *p);
 /* The score of pair (b, h, i, j) in double up to `stage` (sdpa_weights_stage): SCORES (scale
  * q.k), SOFTCAPPED, or MASKED (+ bias; the pair must be allowed). */
-double sdpa__fallback_score_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j, int stage);
+double sdpa__fallback_score_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j, int stage,
+                                   void *scratch);
 /* Row (b, h, i) in double: out row, lse (nullable) and, when wrow is not NULL and the stage is
  * PROBABILITIES, the weights row, from scores recomputed in double, dropout applied as
  * everywhere. For rows float32 cannot carry although the inputs are finite; the row must have
- * an allowed key. acc: Ev doubles of scratch. */
+ * an allowed key. */
 void sdpa__fallback_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
-                               double *acc, float *orow, float *wrow, float *lrow);
+                               void *scratch, float *orow, float *wrow, float *lrow);
 
 /* Saturating size arithmetic (SIZE_MAX = overflow) and 64-byte rounding. */
 static inline size_t sdpa__add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }

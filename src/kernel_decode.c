@@ -117,7 +117,7 @@ static layout make_layout(const sdpa__plan *p, const dplan *d) {
     l.pl = take(&at, sdpa__mul_sat(slots, sizeof(double)));
     l.pbad = take(&at, sdpa__mul_sat(slots, sizeof(int32_t)));
     l.po = take(&at, sdpa__mul_sat(sdpa__mul_sat(slots, Ev), f));
-    l.acc = take(&at, sdpa__mul_sat(Ev, sizeof(double)));
+    l.acc = take(&at, sdpa__fallback_scratch_bytes(p)); /* the double fallback's scratch */
     l.kvcnt = take(&at, sdpa__mul_sat((size_t)p->S + 1, sizeof(int32_t)));
     l.kvused = take(&at, (size_t)p->S);
     l.shared = at;
@@ -338,7 +338,7 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
     const float *pm = (const float *)(c.shared + c.lay.pm), *po = (const float *)(c.shared + c.lay.po);
     const double *pl = (const double *)(c.shared + c.lay.pl);
     const int32_t *pbad = (const int32_t *)(c.shared + c.lay.pbad);
-    double *acc = (double *)(c.shared + c.lay.acc);
+    void *acc = c.shared + c.lay.acc;
     const int64_t nc = c.d.nchunks, Ev = p->Ev;
     if (check_kv) { /* a non-finite row: look at the K/V rows (see the comment at the top) */
         const int64_t slots = p->B * p->Hq * p->L * nc;

@@ -62,7 +62,7 @@ static layout make_layout(const sdpa__plan *p) {
     l.tile = take(&at, mul_sat(mul_sat(rb, S), f));      /* [rows, n] scores, then probabilities */
     l.otile = take(&at, mul_sat(mul_sat(rb, Ev), f));    /* [rows, Ev] P.V */
     l.state = take(&at, rb);
-    l.acc = take(&at, mul_sat(Ev, sizeof(double)));
+    l.acc = take(&at, sdpa__fallback_scratch_bytes(p)); /* the double fallback's scratch */
     l.qt = take(&at, mul_sat(mul_sat(E, nl), f));        /* scale * Q^T as lanes */
     l.st = take(&at, mul_sat(mul_sat((size_t)BN, nl), f)); /* one key tile of scores / gathered P */
     l.pt = take(&at, mul_sat(mul_sat(S, nl), f));        /* P^T as lanes */
@@ -84,7 +84,7 @@ static void zero_row(float *row, int64_t n, int64_t stride) {
  * where allowed, -inf elsewhere; the other stages cover every key). An entry whose float32
  * value, or raw score before softcap, is not finite is recomputed in double, so a finite
  * score never shows as inf or as a clipped softcap. */
-static void write_scores_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, float *w, const float *s,
+static void write_scores_row(const sdpa__plan *p, void *acc, int64_t b, int64_t h, int64_t i, float *w, const float *s,
                              const uint8_t *flags, int64_t jlo, int64_t jhi, int stage) {
     const int64_t ws = p->weights.strides[3];
     for (int64_t j = 0; j < p->S; ++j) {
@@ -92,7 +92,7 @@ static void write_scores_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t 
         if (j >= jlo && j < jhi && (stage != SDPA_WEIGHTS_MASKED || (flags[j - jlo] & KEY_ALLOWED))) {
             x = s[j - jlo];
             if (!isfinite(x) || (flags[j - jlo] & KEY_RAW_NOT_FINITE))
-                x = (float)sdpa__fallback_score_double(p, b, h, i, j, stage);
+                x = (float)sdpa__fallback_score_double(p, b, h, i, j, stage, acc);
         }
         w[j * ws] = x;
     }
@@ -109,7 +109,7 @@ static void write_probs_row(const sdpa__plan *p, float *w, const float *prob, in
  * where blocked, writes lse and weights, and returns ROW_PV if out still needs P.V, or
  * ROW_DONE if the row is complete (padding, empty, or redone in double). */
 static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i, float *s,
-                       int64_t jlo, int64_t n, uint8_t *allowed, double *acc, float *orow, float *wrow,
+                       int64_t jlo, int64_t n, uint8_t *allowed, void *acc, float *orow, float *wrow,
                        float *lrow) {
     const int64_t jhi = jlo + n;
     if (sdpa__rule_is_padding(&p->rules, b, i)) {
@@ -128,13 +128,13 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
     for (int64_t j = 0; j < n; ++j)
         allowed[j] = (uint8_t)(allowed[j] | (isfinite(s[j]) ? 0 : KEY_RAW_NOT_FINITE));
     if (wrow && p->weights_stage == SDPA_WEIGHTS_SCORES)
-        write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SCORES);
+        write_scores_row(p, acc, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SCORES);
     const float c = p->softcap;
     if (c > 0.0f)
         for (int64_t j = 0; j < n; ++j)
             s[j] = c * tanhf(s[j] / c);
     if (wrow && p->weights_stage == SDPA_WEIGHTS_SOFTCAPPED)
-        write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SOFTCAPPED);
+        write_scores_row(p, acc, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SOFTCAPPED);
     /* Bias is read and added where allowed only; -inf blocks. */
     const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
     bool any = false, overflow = false;
@@ -147,7 +147,7 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
         any = true;
     }
     if (wrow && p->weights_stage == SDPA_WEIGHTS_MASKED)
-        write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_MASKED);
+        write_scores_row(p, acc, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_MASKED);
     for (int64_t j = 0; j < n; ++j) /* plain 0/1 from here on */
         allowed[j] &= KEY_ALLOWED;
     if (!any) { /* policy ZERO (ERROR was rejected before any write) */
@@ -266,7 +266,7 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
     const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
     for (int64_t t = 0; t < block_lanes(p); ++t)
         ones[t] = 1.0f;
-    double *acc = (double *)(ws + l.acc);
+    void *acc = ws + l.acc;
     const bool score_stage = p->has_weights && p->weights_stage != SDPA_WEIGHTS_PROBABILITIES;
     sdpa__dropout drop;
     sdpa__dropout_init(&drop, p->dropout_p, p->dropout_seed, p->dropout_offset);

@@ -61,7 +61,7 @@ static layout make_layout(const sdpa__plan *p) {
     l.alpha = take(&at, BM * f);
     l.tsum = take(&at, BM * f);
     l.l = take(&at, BM * sizeof(double));
-    l.acc = take(&at, sdpa__mul_sat(Ev, sizeof(double)));
+    l.acc = take(&at, sdpa__fallback_scratch_bytes(p)); /* the double fallback's scratch */
     l.bad = take(&at, BM * sizeof(int32_t));
     l.lo = take(&at, BM * sizeof(int32_t));
     l.hi = take(&at, BM * sizeof(int32_t));
@@ -179,7 +179,8 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     float *qtile = (float *)(ws + lay->qtile), *ktile = (float *)(ws + lay->ktile), *vtile = (float *)(ws + lay->vtile);
     float *vg = (float *)(ws + lay->vg), *m = (float *)(ws + lay->m), *alpha = (float *)(ws + lay->alpha);
     float *tsum = (float *)(ws + lay->tsum);
-    double *l = (double *)(ws + lay->l), *acc = (double *)(ws + lay->acc);
+    double *l = (double *)(ws + lay->l);
+    void *acc = ws + lay->acc;
     int32_t *bad = (int32_t *)(ws + lay->bad), *lo = (int32_t *)(ws + lay->lo), *hi = (int32_t *)(ws + lay->hi);
     int32_t *cnt = (int32_t *)(ws + lay->cnt), cs[BM / SDPA__LANES], ce[BM / SDPA__LANES];
     uint8_t *state = ws + lay->state, *used = ws + lay->used, *keep = ws + lay->keep;
