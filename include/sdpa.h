@@ -85,7 +85,7 @@ typedef enum sdpa_status {
     /* 10-19: arguments */
     SDPA_ERR_NULL_POINTER = 10,      /**< a required pointer is NULL */
     SDPA_ERR_INVALID_ARGUMENT = 11,  /**< a scalar option out of range (scale, softcap, enum, window, length) */
-    SDPA_ERR_STRUCT_VERSION = 12,    /**< struct_size too small, too large, or unknown tail bytes not zero */
+    SDPA_ERR_STRUCT_VERSION = 12,    /**< struct_size too small, too large, unknown tail bytes or a reserved field of a versioned struct not zero */
     SDPA_ERR_UNSUPPORTED = 13,       /**< valid request this version cannot serve (e.g. a forced kernel that cannot run it) */
 
     /* 20-29: shape and layout */
@@ -353,7 +353,9 @@ typedef struct sdpa_options {
     /* ---- appended in 0.2 (a 0.1 caller's smaller struct_size leaves these at defaults) ---- */
     /** sdpa_kernel to run. Default SDPA_KERNEL_AUTO. */
     int32_t kernel;
-    int32_t reserved0; /**< must be 0 */
+    /** Must be 0: a later version may give it a meaning, so a non-zero value is
+     *  SDPA_ERR_STRUCT_VERSION (as unknown tail bytes beyond struct_size are). */
+    int32_t reserved0;
 } sdpa_options;
 
 /**
@@ -414,7 +416,8 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @param lse     [out] nullable; float32 [B, Hq, L]; -inf for empty and padded rows.
  * @retval SDPA_OK
  * @retval SDPA_ERR_NULL_POINTER   q, k, v, out or a view's data (non-empty) is NULL
- * @retval SDPA_ERR_STRUCT_VERSION options->struct_size out of range or unknown tail not zero
+ * @retval SDPA_ERR_STRUCT_VERSION options->struct_size out of range, unknown tail not zero, or
+ *                                 options->reserved0 not 0
  * @retval SDPA_ERR_RANK           rank other than 3/4, mismatched ranks, mask rank not 1..4
  * @retval SDPA_ERR_SHAPE          B, H, E, S or Ev disagree; Hq % Hkv != 0; weights/lse shape
  * @retval SDPA_ERR_BROADCAST      allow-mask or bias not broadcastable to [B, Hq, L, S]
@@ -427,7 +430,8 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @retval SDPA_ERR_INVALID_ARGUMENT scale/softcap NaN, Inf or negative; window < -1; a key or
  *                                 query length outside [0, S] / [0, L]; dropout_p outside
  *                                 [0, 1); unknown enum value;
- *                                 flag not 0/1; reserved field or entry beyond rank not 0
+ *                                 flag not 0/1; a view's or mask's reserved field or entry
+ *                                 beyond rank not 0
  * @retval SDPA_ERR_UNSUPPORTED    options->kernel forces a kernel that cannot serve this call
  * @retval SDPA_ERR_EMPTY_ROW      a non-padding row has no allowed key under policy ERROR
  * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value that enters out (unless skip_finite_check)
@@ -656,7 +660,9 @@ typedef struct sdpa_mha_params {
     /** add_zero_attn: 1 = append one all-zero key/value row (after bias_k/bias_v), which every
      *  query may attend. */
     int32_t add_zero_attn;
-    int32_t reserved0; /**< must be 0 */
+    /** Must be 0: a later version may give it a meaning, so a non-zero value is
+     *  SDPA_ERR_STRUCT_VERSION (as unknown tail bytes beyond struct_size are). */
+    int32_t reserved0;
 } sdpa_mha_params;
 
 /**

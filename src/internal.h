@@ -3,6 +3,7 @@
 #define SDPA_INTERNAL_H
 
 #include "sdpa.h"
+#include "rules.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,21 +21,19 @@
 sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...) SDPA__PRINTF(2, 3);
 void sdpa__clear_error(void);
 void sdpa__set_kernel(const char *name);
+/* The finite check's failure for key (value = false) or value row j of (b, kv head g), as
+ * sdpa_attention reports it (used by check.c and by kernels that check K/V rows inline). */
+sdpa_status sdpa__fail_kv_row(int64_t b, int64_t g, int64_t j, bool value);
 
 /* ---- view.c: validation of views ---- */
 
 /* A rank-4 float view after validation and normalisation (rank-3 views get H = 1). */
 typedef struct sdpa__view4 {
-    float *data;
+    float *data;     /* elements of `dtype` (read through a loader, load.h, for q/k/v) */
+    int32_t dtype;   /* sdpa_dtype */
     int64_t shape[4];
     int64_t strides[4];
 } sdpa__view4;
-
-/* A validated allow-mask or bias broadcast to [B, Hq, L, S]: strides 0 on broadcast dims. */
-typedef struct sdpa__bcast4 {
-    const void *data;
-    int64_t strides[4];
-} sdpa__bcast4;
 
 /* Byte interval [lo, hi) covered by a view; empty when lo == hi. */
 typedef struct sdpa__span {
@@ -52,6 +51,15 @@ sdpa_status sdpa__check_output_layout(const sdpa_tensor *t, const char *fn, cons
 sdpa__span sdpa__tensor_span(const sdpa_tensor *t);
 sdpa__span sdpa__mask_span(const sdpa_allow_mask *m);
 bool sdpa__spans_overlap(sdpa__span a, sdpa__span b);
+/* A named byte interval of a call (for messages). */
+typedef struct sdpa__named_span {
+    const char *name;
+    sdpa__span s;
+} sdpa__named_span;
+/* The one overlap rule of every entry point: no output (written) may overlap an input or
+ * another output; SDPA_ERR_OVERLAP naming the first pair found (outputs in order). */
+sdpa_status sdpa__check_overlaps(const char *fn, const sdpa__named_span *in, int nin, const sdpa__named_span *outs,
+                                 int nout);
 /* Broadcast a mask's or bias's (rank, shape, strides) right-aligned onto target[4]. */
 sdpa_status sdpa__broadcast4(const char *fn, const char *name, int32_t rank, const int64_t *shape,
                              const int64_t *strides, const int64_t target[4], int64_t out_strides[4]);
@@ -62,7 +70,23 @@ bool sdpa__add_overflow(int64_t a, int64_t b, int64_t *out);
 sdpa_status sdpa__check_geometry(const char *fn, const char *name, int32_t rank, const int64_t *shape,
                                  const int64_t *strides, size_t elem);
 
-/* ---- matmul.c: the only user of cblas ---- */
+/* ---- options.c: versioned structs and sdpa_options ---- */
+
+/* Copy a caller struct `in` that starts with struct_size into dst (dst_size bytes, defaults
+ * already there): reads only what struct_size covers; struct_size below v1_size or above 4096,
+ * or a non-zero byte beyond dst_size, is SDPA_ERR_STRUCT_VERSION. what names the struct in
+ * messages ("options"), init_name its init function without "_init" ("sdpa_options"). */
+sdpa_status sdpa__read_versioned(const char *fn, const char *what, const char *init_name, const void *in,
+                                 size_t v1_size, void *dst, size_t dst_size);
+/* A reserved field of a versioned struct must be 0; anything else is SDPA_ERR_STRUCT_VERSION
+ * (a later version's field, reported as unknown tail bytes are). */
+sdpa_status sdpa__check_reserved(const char *fn, const char *field, int64_t value);
+/* Read sdpa_options (NULL = the defaults) into *o: sdpa__read_versioned plus reserved0. */
+sdpa_status sdpa__options_read(const char *fn, const sdpa_options *in, sdpa_options *o);
+/* Range checks of the scalar and enum fields of *o that need no shapes. */
+sdpa_status sdpa__options_check(const char *fn, const sdpa_options *o);
+
+/* ---- matmul.c: the only user of cblas (serves mha.c's projections only; attention kernels use the micro-kernels) ---- */
 
 /* A logical row-major matrix view: element (r, c) at data[r * row_stride + c * col_stride]. */
 typedef struct sdpa__mat {
@@ -93,17 +117,12 @@ double sdpa__masked_exp_sum(float *s, const uint8_t *allowed, int64_t n, float m
 typedef struct sdpa__plan {
     int64_t B, Hq, Hkv, L, S, E, Ev, group; /* group = Hq / Hkv */
     sdpa__view4 q, k, v, out;
+    const struct sdpa__loader *load_q, *load_k, *load_v; /* how q, k, v are read (load.h) */
     bool has_weights, has_lse;
     sdpa__view4 weights;                    /* [B, Hq, L, S] */
     float *lse; int64_t lse_strides[3];     /* [B, Hq, L] */
     float scale, softcap;
-    int causal;
-    int alignment;
-    const int64_t *query_offsets;
-    int64_t window_left, window_right;
-    bool has_mask; sdpa__bcast4 mask;
-    bool has_bias; sdpa__bcast4 bias;
-    const int64_t *key_lengths, *query_lengths;
+    sdpa__rules rules;                      /* which keys each row may attend (rules.h) */
     int empty_rows, weights_stage;
     bool check_finite;
     int num_threads;                        /* resolved: >= 1 (0 in the options = online CPUs) */
@@ -113,21 +132,35 @@ typedef struct sdpa__plan {
     int64_t row_block;                      /* query rows per tile */
 } sdpa__plan;
 
-/* Structural key range [lo, hi) of row i of batch b (causal, window, key lengths);
- * lo >= hi means no key. Rows i >= query_lengths[b] are padding (see sdpa__row_is_padding). */
-void sdpa__row_range(const sdpa__plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi);
-static inline bool sdpa__row_is_padding(const sdpa__plan *p, int64_t b, int64_t i) {
-    return p->query_lengths != NULL && i >= p->query_lengths[b];
-}
-static inline bool sdpa__mask_allows(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j) {
-    const uint8_t *m = (const uint8_t *)p->mask.data;
-    return m[b * p->mask.strides[0] + h * p->mask.strides[1] + i * p->mask.strides[2] +
-             j * p->mask.strides[3]] != 0;
-}
-static inline const float *sdpa__bias_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i) {
-    return (const float *)p->bias.data + b * p->bias.strides[0] + h * p->bias.strides[1] +
-           i * p->bias.strides[2];
-}
+/* ---- plan.c: validated shapes, views and rules; no kernel knowledge ---- */
+
+/* Validate everything of an sdpa_attention call that does not depend on tensor values and
+ * fill the plan; *o receives the options read. Outputs may be NULL only when for_size
+ * (workspace-size query). Messages name sdpa_attention. */
+sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                            const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
+                            const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o);
+
+/* ---- attention.c: the internal entries behind sdpa_attention (mha.c uses them) ---- */
+
+/* Workspace bytes of a plan (its kernel chosen as sdpa_attention would); messages name fn. */
+sdpa_status sdpa__attention_workspace_bytes(const char *fn, const sdpa__plan *p, size_t *bytes);
+/* sdpa_attention after its plan: checks -> kernel -> run, with the caller's workspace (NULL =
+ * allocated and freed here). The plan must come from sdpa__plan_make with its outputs. */
+sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t workspace_bytes);
+
+/* ---- check.c: value checks before any write (empty rows, finite check), parallel ---- */
+
+/* Threads of the checks (a function of the shape and p->num_threads only). */
+int sdpa__check_threads(const sdpa__plan *p);
+size_t sdpa__check_workspace_bytes(const sdpa__plan *p, int threads);
+/* Empty rows under policy ERROR and, unless p->check_finite is off, the finite check; the K/V
+ * rows only with check_kv (else the kernel checks them inline, kernel.h). One task per
+ * (b, kv head) on up to `threads` threads; the failure reported is the first of a sequential
+ * scan of everything (without check_kv, a failure found makes the K/V rows of the earlier
+ * tasks be checked first, so it is still that scan's first). ws: at least
+ * sdpa__check_workspace_bytes(p, threads), 64-byte aligned. */
+sdpa_status sdpa__check_values(const sdpa__plan *p, bool check_kv, int threads, void *ws);
 
 /* ---- threads.c: the library's own fork-join parallelism (no pool, no global state) ---- */
 
@@ -160,14 +193,20 @@ void sdpa__dropout_keep(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i,
 void sdpa__dropout_apply(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i, int64_t j0,
                          int64_t n, float *row);
 
-/* ---- kernels ---- */
-size_t sdpa__reference_workspace_bytes(const sdpa__plan *p);
-sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws, size_t ws_bytes);
-/* The reference path's double-precision row (b, h, i): out row, lse (nullable) from scores
- * recomputed in double, dropout applied as everywhere. For rows float32 cannot carry although
- * the inputs are finite. The row must have an allowed key. acc: Ev doubles of scratch. */
-void sdpa__reference_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
-                                double *acc, float *orow, float *lrow);
+/* ---- fallback_double.c: rows float32 cannot carry, recomputed in double ---- */
+
+/* Scratch bytes the two functions below need (64-byte aligned scratch). */
+size_t sdpa__fallback_scratch_bytes(const sdpa__plan *p);
+/* The score of pair (b, h, i, j) in double up to `stage` (sdpa_weights_stage): SCORES (scale
+ * q.k), SOFTCAPPED, or MASKED (+ bias; the pair must be allowed). */
+double sdpa__fallback_score_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j, int stage,
+                                   void *scratch);
+/* Row (b, h, i) in double: out row, lse (nullable) and, when wrow is not NULL and the stage is
+ * PROBABILITIES, the weights row, from scores recomputed in double, dropout applied as
+ * everywhere. For rows float32 cannot carry although the inputs are finite; the row must have
+ * an allowed key. */
+void sdpa__fallback_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
+                               void *scratch, float *orow, float *wrow, float *lrow);
 
 /* Saturating size arithmetic (SIZE_MAX = overflow) and 64-byte rounding. */
 static inline size_t sdpa__add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
@@ -176,23 +215,5 @@ static inline size_t sdpa__align64(size_t x) { return x > SIZE_MAX - 63u ? SIZE_
 
 /* Micro-kernel set (src/microkernel*.c): chosen per call, see microkernel.h. */
 struct sdpa__mk;
-
-/* Tiled (FlashAttention-2 style) kernel, src/kernel_tiled.c. Threads: how many this call runs
- * (a function of the shape and p->num_threads only); bytes: its workspace for that many. */
-int sdpa__tiled_threads(const sdpa__plan *p);
-size_t sdpa__tiled_workspace_bytes(const sdpa__plan *p, int threads);
-sdpa_status sdpa__kernel_tiled(const sdpa__plan *p, const struct sdpa__mk *mk, int threads, void *ws,
-                               size_t ws_bytes);
-
-/* Decode kernel (small L), src/kernel_decode.c. Work items are (b, kv head, group of query rows,
- * key chunk); the chunking depends on the shape only. Outputs are assembled in the workspace and
- * written at the end. With check_kv (the caller has checked everything but the K/V rows) the
- * kernel returns SDPA_ERR_NON_FINITE, without a message and without writing anything, when any
- * row's scores or output came out non-finite: a NaN/Inf in a K/V row it read, or an overflow of
- * finite inputs; the caller tells them apart with the full scan (see kernel_decode.c). */
-int sdpa__decode_threads(const sdpa__plan *p);
-size_t sdpa__decode_workspace_bytes(const sdpa__plan *p, int threads);
-sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const struct sdpa__mk *mk, int threads, bool check_kv,
-                                void *ws, size_t ws_bytes);
 
 #endif

@@ -14,14 +14,18 @@
  * The chunking depends on the shape only, so results are bit-identical for any thread count.
  *
  * Outputs are assembled in the workspace and written only at the end. That gives the finite
- * check's K/V part for free (check_kv): a NaN/Inf in a K row that some row attends makes that
+ * check's K/V part for free, so this kernel's entry says checks_kv_inline (kernel.h) and the
+ * check stage leaves the K/V rows to it: a NaN/Inf in a K row that some row attends makes that
  * row's score non-finite (0 * Inf is NaN too), and one in a V row of a used key makes some
- * row's output accumulator non-finite, as P.V reads the used keys for every row of the item. So
- * when any row comes out non-finite the kernel writes nothing and returns SDPA_ERR_NON_FINITE
- * without a message; the caller runs the full scan, which names the row, or finds none (a
- * float32 overflow of finite inputs) and reruns the kernel without check_kv, whose double
- * fallback then handles the row. The cache is read once. */
-#include "microkernel.h"
+ * row's output accumulator non-finite, as P.V reads the used keys for every row of the item.
+ * Only when some row came out non-finite does the kernel look at the K/V rows themselves: it
+ * walks the attended keys of each (b, kv head) in the check stage's order (rules.c decides
+ * which) and fails on the first non-finite K or V row, writing nothing; if there is none, the
+ * non-finite rows are float32 overflows of finite inputs and are recomputed in double. The
+ * cache is read once in the common case. */
+#include "kernel.h"
+#include "dispatch.h"
+#include "load.h"
 
 #include <math.h>
 #include <string.h>
@@ -30,6 +34,7 @@
 #define RMAX 8             /* query rows per work item */
 #define SPLIT_ITEMS 16     /* below this many items, split the keys */
 #define SPLIT_MIN_KEYS 512 /* ... into chunks of at least this many keys */
+#define DECODE_AUTO_MAX_L 4 /* AUTO takes this kernel for L <= this */
 
 enum { ROW_OFF = 0, ROW_VALID = 1 };
 enum { MODE_NONE = 0, MODE_FULL = 1, MODE_PART = 2 };
@@ -59,7 +64,7 @@ static dplan decode_plan(const sdpa__plan *p) {
     return d;
 }
 
-int sdpa__decode_threads(const sdpa__plan *p) {
+static int decode_threads(const sdpa__plan *p) {
     const dplan d = decode_plan(p);
     const double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
     /* Memory traffic matters as much as arithmetic here: count K and V bytes too. */
@@ -77,7 +82,7 @@ typedef struct layout {
     /* per thread */
     size_t qp, s, allowed, kp, vp, o, m, l, alpha, bad, mode, state, used, idx, total;
     /* shared, after threads * total */
-    size_t pm, pl, pbad, po, acc, shared;
+    size_t pm, pl, pbad, po, acc, kvcnt, kvused, shared;
 } layout;
 
 static size_t take(size_t *at, size_t bytes) {
@@ -112,12 +117,14 @@ static layout make_layout(const sdpa__plan *p, const dplan *d) {
     l.pl = take(&at, sdpa__mul_sat(slots, sizeof(double)));
     l.pbad = take(&at, sdpa__mul_sat(slots, sizeof(int32_t)));
     l.po = take(&at, sdpa__mul_sat(sdpa__mul_sat(slots, Ev), f));
-    l.acc = take(&at, sdpa__mul_sat(Ev, sizeof(double)));
+    l.acc = take(&at, sdpa__fallback_scratch_bytes(p)); /* the double fallback's scratch */
+    l.kvcnt = take(&at, sdpa__mul_sat((size_t)p->S + 1, sizeof(int32_t)));
+    l.kvused = take(&at, (size_t)p->S);
     l.shared = at;
     return l;
 }
 
-size_t sdpa__decode_workspace_bytes(const sdpa__plan *p, int threads) {
+static size_t decode_workspace_bytes(const sdpa__plan *p, int threads) {
     const dplan d = decode_plan(p);
     const layout l = make_layout(p, &d);
     return sdpa__add_sat(sdpa__mul_sat(l.total, (size_t)(threads < 1 ? 1 : threads)), l.shared);
@@ -131,7 +138,6 @@ typedef struct dctx {
     layout lay;
     unsigned char *ws, *shared;
     float qscale;
-    bool check_kv;
 } dctx;
 
 static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
@@ -171,10 +177,10 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         l[r] = 0.0;
         bad[r] = 0;
         lo[r] = hi[r] = 0;
-        if (sdpa__row_is_padding(p, b, irow[r]))
+        if (sdpa__rule_is_padding(&p->rules, b, irow[r]))
             continue;
         int64_t a, e;
-        sdpa__row_range(p, b, irow[r], &a, &e);
+        sdpa__rule_range(&p->rules, b, irow[r], &a, &e);
         a = a > k0 ? a : k0;
         e = e < k1 ? e : k1;
         if (a >= e)
@@ -188,15 +194,12 @@ static void decode_task(void *vctx, int64_t task, int tid) {
     if (Ev > 0)
         memset(o, 0, (size_t)(R * Ev) * sizeof(float));
 
-    const float *kbase = at(p->k.data, b * p->k.strides[0] + g * p->k.strides[1]); /* NULL when S = 0 */
-    const float *vbase = at(p->v.data, b * p->v.strides[0] + g * p->v.strides[1]);
-    const int64_t ks2 = p->k.strides[2], ks3 = p->k.strides[3], vs2 = p->v.strides[2], vs3 = p->v.strides[3];
-    for (int64_t r = 0; r < R; ++r) {
+    for (int64_t r = 0; r < R; ++r) { /* q rows through the loader (kp is free until the first K tile) */
         if (state[r] != ROW_VALID)
             continue;
-        const float *qr = p->q.data + b * p->q.strides[0] + hrow[r] * p->q.strides[1] + irow[r] * p->q.strides[2];
+        const sdpa__rows qr = p->load_q->rows(&p->q, b, hrow[r], irow[r], irow[r] + 1, kp);
         for (int64_t e = 0; e < E; ++e)
-            qp[r * E + e] = qr[e * p->q.strides[3]] * c->qscale;
+            qp[r * E + e] = qr.data[e] * c->qscale;
     }
 
     for (int64_t a = jmin / BN * BN; a < jmax; a += BN) {
@@ -207,26 +210,20 @@ static void decode_task(void *vctx, int64_t task, int tid) {
             mode[r] = MODE_NONE;
             if (state[r] != ROW_VALID || lo[r] >= tc || hi[r] <= ta)
                 continue;
-            if (lo[r] <= ta && hi[r] >= tc && !p->has_mask && !p->has_bias) {
+            const int64_t i = irow[r], h = hrow[r];
+            const int32_t lo32 = (int32_t)lo[r], hi32 = (int32_t)hi[r];
+            const sdpa__tile_class tcl = sdpa__rule_classify_tile(&p->rules, b, h, i, 1, &lo32, &hi32, ta, tc);
+            if (tcl == SDPA__TILE_NONE)
+                continue;
+            if (tcl == SDPA__TILE_FULL) {
                 mode[r] = MODE_FULL;
                 any = any_full = true;
                 continue;
             }
-            const int64_t i = irow[r], h = hrow[r];
             uint8_t *al = allowed + r * BN;
-            const uint8_t *mrow = p->has_mask ? (const uint8_t *)p->mask.data + b * p->mask.strides[0] +
-                                                    h * p->mask.strides[1] + i * p->mask.strides[2]
-                                              : NULL;
-            const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
-            bool row_any = false;
-            for (int64_t t = 0; t < n; ++t) {
-                const int64_t j = ta + t;
-                bool ok = j >= lo[r] && j < hi[r] && (mrow == NULL || mrow[j * p->mask.strides[3]] != 0) &&
-                          (brow == NULL || brow[j * p->bias.strides[3]] != -INFINITY);
-                al[t] = ok;
-                used[t] |= ok;
-                row_any = row_any || ok;
-            }
+            const bool row_any = sdpa__rule_row_flags(&p->rules, b, h, i, lo[r], hi[r], ta, n, al);
+            for (int64_t t = 0; t < n; ++t)
+                used[t] |= al[t];
             if (row_any) {
                 mode[r] = MODE_PART;
                 any = true;
@@ -237,16 +234,10 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         if (any_full)
             memset(used, 1, (size_t)n);
 
-        /* K tile: in place when rows are contiguous along E, else packed. */
-        const float *kt = kbase + ta * ks2;
-        ptrdiff_t kstride = (ptrdiff_t)ks2;
-        if (ks3 != 1) {
-            for (int64_t t = 0; t < n; ++t)
-                for (int64_t e = 0; e < E; ++e)
-                    kp[t * E + e] = kt[t * ks2 + e * ks3];
-            kt = kp;
-            kstride = (ptrdiff_t)E;
-        }
+        /* K tile from the loader (in place when float32 rows are contiguous along E). */
+        const sdpa__rows kr = p->load_k->rows(&p->k, b, g, ta, tc, kp);
+        const float *kt = kr.data;
+        const ptrdiff_t kstride = kr.stride;
 
         for (int64_t r = 0; r < R; ++r) {
             if (mode[r] == MODE_NONE)
@@ -257,14 +248,14 @@ static void decode_task(void *vctx, int64_t task, int tid) {
                 mk->softcap(sr, n, p->softcap);
             if (mode[r] == MODE_PART) {
                 const uint8_t *al = allowed + r * BN;
-                const float *brow = p->has_bias ? sdpa__bias_row(p, b, hrow[r], irow[r]) : NULL;
+                const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, hrow[r], irow[r]) : NULL;
                 for (int64_t t = 0; t < n; ++t) {
                     if (!al[t]) {
                         sr[t] = -INFINITY;
                         continue;
                     }
                     if (brow != NULL)
-                        sr[t] += brow[(ta + t) * p->bias.strides[3]];
+                        sr[t] += brow[(ta + t) * p->rules.bias.strides[3]];
                     if (!isfinite(sr[t]))
                         bad[r] = -1;
                 }
@@ -284,15 +275,10 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         for (int64_t t = 0; t < n; ++t)
             if (used[t])
                 idx[cnt++] = (int32_t)t;
-        const float *vt = vbase + ta * vs2;
-        ptrdiff_t vstride = (ptrdiff_t)vs2;
-        if (vs3 != 1) { /* pack the used rows only */
-            for (int64_t u = 0; u < cnt; ++u)
-                for (int64_t e = 0; e < Ev; ++e)
-                    vp[idx[u] * Ev + e] = vt[idx[u] * vs2 + e * vs3];
-            vt = vp;
-            vstride = (ptrdiff_t)Ev;
-        }
+        /* V tile from the loader; axpy_rows reads the used rows (idx) only. */
+        const sdpa__rows vr = p->load_v->rows(&p->v, b, g, ta, tc, vp);
+        const float *vt = vr.data;
+        const ptrdiff_t vstride = vr.stride;
         for (int64_t r = 0; r < R; ++r)
             if (mode[r] != MODE_NONE)
                 mk->axpy_rows(o + r * Ev, Ev, alpha[r], s + r * BN, idx, cnt, vt, vstride);
@@ -311,8 +297,28 @@ static void decode_task(void *vctx, int64_t task, int tid) {
     }
 }
 
-sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int threads, bool check_kv, void *ws,
-                                size_t ws_bytes) {
+/* Some row came out non-finite: the first attended K or V row holding NaN/Inf, in the order of
+ * the check stage (b, kv head, key; K before V), fails the call; SDPA_OK if there is none. */
+static sdpa_status first_nonfinite_kv(const sdpa__plan *p, const sdpa__mk *mk, int32_t *cnt, uint8_t *used) {
+    for (int64_t b = 0; b < p->B; ++b)
+        for (int64_t g = 0; g < p->Hkv; ++g) {
+            sdpa__rule_group_keys(&p->rules, b, g * p->group, (g + 1) * p->group, cnt, used);
+            for (int64_t j = 0; j < p->S; ++j) {
+                if (!used[j])
+                    continue;
+                if (!p->load_k->row_finite(mk, &p->k, b, g, j))
+                    return sdpa__fail_kv_row(b, g, j, false);
+                if (p->Ev > 0 &&
+                    !p->load_v->row_finite(mk, &p->v, b, g, j))
+                    return sdpa__fail_kv_row(b, g, j, true);
+            }
+        }
+    return SDPA_OK;
+}
+
+static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes) {
+    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
+    const bool check_kv = p->check_finite;
     dctx c;
     c.p = p;
     c.mk = mk;
@@ -320,12 +326,11 @@ sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int thr
     c.lay = make_layout(p, &c.d);
     if (threads < 1)
         threads = 1;
-    if (ws_bytes < sdpa__decode_workspace_bytes(p, threads))
+    if (ws_bytes < decode_workspace_bytes(p, threads))
         return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: decode kernel workspace of %zu bytes is too small",
                           ws_bytes);
     c.ws = (unsigned char *)ws;
     c.shared = c.ws + (size_t)threads * c.lay.total;
-    c.check_kv = check_kv;
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
     c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
     sdpa__parallel_for(threads, c.d.items, decode_task, &c);
@@ -333,15 +338,18 @@ sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int thr
     const float *pm = (const float *)(c.shared + c.lay.pm), *po = (const float *)(c.shared + c.lay.po);
     const double *pl = (const double *)(c.shared + c.lay.pl);
     const int32_t *pbad = (const int32_t *)(c.shared + c.lay.pbad);
-    double *acc = (double *)(c.shared + c.lay.acc);
+    void *acc = c.shared + c.lay.acc;
     const int64_t nc = c.d.nchunks, Ev = p->Ev;
-    if (check_kv) { /* any non-finite row: nothing written (see the comment at the top) */
+    if (check_kv) { /* a non-finite row: look at the K/V rows (see the comment at the top) */
         const int64_t slots = p->B * p->Hq * p->L * nc;
-        for (int64_t t = 0; t < slots; ++t)
-            if (pbad[t] != 0 || !isfinite(pl[t]))
-                return SDPA_ERR_NON_FINITE;
-        if (Ev > 0 && !mk->all_finite(po, slots * Ev))
-            return SDPA_ERR_NON_FINITE;
+        bool suspect = Ev > 0 && !mk->all_finite(po, slots * Ev);
+        for (int64_t t = 0; t < slots && !suspect; ++t)
+            suspect = pbad[t] != 0 || !isfinite(pl[t]);
+        if (suspect) {
+            const sdpa_status st = first_nonfinite_kv(p, mk, (int32_t *)(c.shared + c.lay.kvcnt), c.shared + c.lay.kvused);
+            if (st != SDPA_OK)
+                return st;
+        }
     }
 
     /* Merge the chunks of each row in order and write the outputs. */
@@ -361,7 +369,7 @@ sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int thr
                         M = (double)pm[s0 + k];
                 }
                 if (anybad) {
-                    sdpa__reference_row_double(p, &c.drop, b, h, i, acc, orow, lrow);
+                    sdpa__fallback_row_double(p, &c.drop, b, h, i, acc, orow, NULL, lrow);
                     continue;
                 }
                 if (M == -INFINITY) { /* padding, or no allowed key */
@@ -388,7 +396,7 @@ sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int thr
                     orow[e * p->out.strides[3]] = y;
                 }
                 if (!fin) {
-                    sdpa__reference_row_double(p, &c.drop, b, h, i, acc, orow, lrow);
+                    sdpa__fallback_row_double(p, &c.drop, b, h, i, acc, orow, NULL, lrow);
                     continue;
                 }
                 if (lrow)
@@ -397,3 +405,16 @@ sdpa_status sdpa__kernel_decode(const sdpa__plan *p, const sdpa__mk *mk, int thr
     sdpa__set_kernel(nc > 1 ? mk->decode_split_name : mk->decode_name);
     return SDPA_OK;
 }
+
+static sdpa__fit decode_supports(const sdpa__plan *p, const char **why) {
+    if (p->has_weights) {
+        *why = "does not produce weights; pass weights=NULL, or use SDPA_KERNEL_AUTO or SDPA_KERNEL_REFERENCE";
+        return SDPA__FIT_NO;
+    }
+    return p->L <= DECODE_AUTO_MAX_L ? SDPA__FIT_AUTO : SDPA__FIT_FORCED;
+}
+
+const sdpa__kernel sdpa__kernel_decode = {
+    SDPA_KERNEL_DECODE, "SDPA_KERNEL_DECODE", true, decode_supports, decode_threads, decode_workspace_bytes,
+    decode_run,
+};

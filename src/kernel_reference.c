@@ -1,17 +1,22 @@
 /* The reference kernel. For each (batch, head, block of query rows):
- *   1. one score tile [rows, keys] from the matmul core (keys: the union of the rows'
- *      structural ranges, every key when `weights` holds raw scores);
+ *   1. one score tile [rows, keys] (keys: the union of the rows' structural ranges, every key
+ *      when `weights` holds raw scores), tile by tile of SDPA__TILE_K keys from the library's
+ *      micro-kernels (lanes_gemm on Q packed as lanes; K rows through the plan's loader);
  *   2. per row: softcap, bias, the allowed set, a masked softmax into probabilities
  *      (exact 0 where blocked), lse and the requested weights;
- *   3. out = P.V through the matmul core. A key whose probability is 0 in every row of the
- *      block (blocked, or outside some rows' ranges) is never read: if there is one, the V
- *      rows of the range are gathered into the workspace with such rows replaced by zeros,
- *      so a NaN stored there cannot reach out (0 * NaN would). Which path runs depends on
- *      the probabilities only, never on the values stored in blocked rows, so those values
- *      cannot change a single bit of the result.
- * Extra memory: tiles of row_block x S and row_block x Ev floats and S x Ev floats of
- * gathered V, never B*H*L*S. */
-#include "internal.h"
+ *   3. out = P.V through the micro-kernels, key tile by key tile. A key whose probability is
+ *      0 in every row of the block (blocked, or outside some rows' ranges) is never read: its
+ *      V row and its P row are left out (the used keys are gathered), so a NaN stored there
+ *      cannot reach out (0 * NaN would). Which keys are read depends on the probabilities
+ *      only, never on the values stored in blocked rows, so those values cannot change a
+ *      single bit of the result.
+ * No BLAS: OpenBLAS 0.3.21 retries its buffer allocation forever when the address space is
+ * capped (setrlimit(RLIMIT_AS)); the tile products here allocate nothing.
+ * Extra memory: tiles of row_block x S floats (scores) and S x lanes floats (P as lanes), and
+ * per-key-tile buffers; never B*H*L*S. */
+#include "dispatch.h"
+#include "kernel.h"
+#include "load.h"
 
 #include <math.h>
 #include <string.h>
@@ -30,81 +35,56 @@ static size_t mul_sat(size_t a, size_t b) { return (b != 0 && a > SIZE_MAX / b) 
 /* base + off, without arithmetic on the NULL data of an empty view. */
 static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
 
-static sdpa__mat q_block(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows) {
-    sdpa__mat m = {at(p->q.data, b * p->q.strides[0] + h * p->q.strides[1] + i0 * p->q.strides[2]), rows, p->E,
-                   p->q.strides[2], p->q.strides[3]};
-    return m;
-}
+#define BN SDPA__TILE_K
 
-/* K^T restricted to keys [j0, j0 + n): a logical [E, n] matrix. */
-static sdpa__mat kt_block(const sdpa__plan *p, int64_t b, int64_t g, int64_t j0, int64_t n) {
-    sdpa__mat m = {at(p->k.data, b * p->k.strides[0] + g * p->k.strides[1] + j0 * p->k.strides[2]), p->E, n,
-                   p->k.strides[3], p->k.strides[2]};
-    return m;
-}
-
-/* V restricted to keys [j0, j0 + n): a logical [n, Ev] matrix. */
-static sdpa__mat v_block(const sdpa__plan *p, int64_t b, int64_t g, int64_t j0, int64_t n) {
-    sdpa__mat m = {at(p->v.data, b * p->v.strides[0] + g * p->v.strides[1] + j0 * p->v.strides[2]), n, p->Ev,
-                   p->v.strides[2], p->v.strides[3]};
-    return m;
+/* Lanes of a block: row_block rounded up to the lane quantum. */
+static int64_t block_lanes(const sdpa__plan *p) {
+    return (p->row_block + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES;
 }
 
 /* Workspace layout, in this order, each part 64-byte aligned. */
 typedef struct layout {
-    size_t flags, tile, otile, state, acc, vgather, pack, total;
+    size_t flags, tile, otile, state, acc, qt, st, pt, ot, ktile, vtile, vg, ones, total;
 } layout;
 
-static layout make_layout(const sdpa__plan *p) {
-    const size_t rb = (size_t)p->row_block, S = (size_t)p->S, Ev = (size_t)p->Ev;
-    const sdpa__mat a = q_block(p, 0, 0, 0, p->row_block), kt = kt_block(p, 0, 0, 0, p->S),
-                    vb = v_block(p, 0, 0, 0, p->S);
-    const size_t pack_scores = add_sat(sdpa__matmul_pack_floats(&a), sdpa__matmul_pack_floats(&kt));
-    const size_t pack_pv = sdpa__matmul_pack_floats(&vb); /* the gathered copy never needs packing */
-    layout l;
-    l.flags = 0;                                                            /* S bytes (also check_values) */
-    l.tile = ALIGN_UP(S);                                                   /* scores, then probabilities */
-    l.otile = add_sat(l.tile, ALIGN_UP(mul_sat(mul_sat(rb, S), sizeof(float))));
-    l.state = add_sat(l.otile, ALIGN_UP(mul_sat(mul_sat(rb, Ev), sizeof(float))));
-    l.acc = add_sat(l.state, ALIGN_UP(rb));
-    l.vgather = add_sat(l.acc, ALIGN_UP(mul_sat(Ev, sizeof(double))));
-    l.pack = add_sat(l.vgather, ALIGN_UP(mul_sat(mul_sat(S, Ev), sizeof(float))));
-    l.total = add_sat(l.pack, mul_sat(pack_scores > pack_pv ? pack_scores : pack_pv, sizeof(float)));
-    return l;
+static size_t take(size_t *at, size_t bytes) {
+    size_t here = *at;
+    *at = add_sat(*at, ALIGN_UP(bytes));
+    return here;
 }
 
-size_t sdpa__reference_workspace_bytes(const sdpa__plan *p) { return make_layout(p).total; }
+static layout make_layout(const sdpa__plan *p) {
+    const size_t rb = (size_t)p->row_block, S = (size_t)p->S, E = (size_t)p->E, Ev = (size_t)p->Ev;
+    const size_t nl = (size_t)block_lanes(p), f = sizeof(float);
+    layout l;
+    size_t at = 0;
+    l.flags = take(&at, S);                              /* per-key flags of a row, then used keys */
+    l.tile = take(&at, mul_sat(mul_sat(rb, S), f));      /* [rows, n] scores, then probabilities */
+    l.otile = take(&at, mul_sat(mul_sat(rb, Ev), f));    /* [rows, Ev] P.V */
+    l.state = take(&at, rb);
+    l.acc = take(&at, sdpa__fallback_scratch_bytes(p)); /* the double fallback's scratch */
+    l.qt = take(&at, mul_sat(mul_sat(E, nl), f));        /* scale * Q^T as lanes */
+    l.st = take(&at, mul_sat(mul_sat((size_t)BN, nl), f)); /* one key tile of scores / gathered P */
+    l.pt = take(&at, mul_sat(mul_sat(S, nl), f));        /* P^T as lanes */
+    l.ot = take(&at, mul_sat(mul_sat(Ev, nl), f));       /* (P.V)^T as lanes */
+    l.ktile = take(&at, mul_sat(mul_sat(E, (size_t)BN > rb ? (size_t)BN : rb), f)); /* loader tiles (Q, then K) */
+    l.vtile = take(&at, mul_sat(mul_sat(Ev, (size_t)BN), f));
+    l.vg = take(&at, mul_sat(mul_sat(Ev, (size_t)BN), f));
+    l.ones = take(&at, mul_sat(nl, f));
+    l.total = at;
+    return l;
+}
 
 static void zero_row(float *row, int64_t n, int64_t stride) {
     for (int64_t d = 0; d < n; ++d)
         row[d * stride] = 0.0f;
 }
 
-/* The score of pair (i, j) in double precision up to `stage`: SCORES (scale q.k),
- * SOFTCAPPED, or MASKED (+ bias; the pair must be allowed). */
-static double score_double(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j, int stage) {
-    const float *qr = p->q.data + b * p->q.strides[0] + h * p->q.strides[1] + i * p->q.strides[2];
-    const float *kr = p->k.data + b * p->k.strides[0] + (h / p->group) * p->k.strides[1] + j * p->k.strides[2];
-    double d = 0.0;
-    for (int64_t e = 0; e < p->E; ++e)
-        d += (double)qr[e * p->q.strides[3]] * (double)kr[e * p->k.strides[3]];
-    d *= (double)p->scale;
-    if (stage == SDPA_WEIGHTS_SCORES)
-        return d;
-    if (p->softcap > 0.0f)
-        d = (double)p->softcap * tanh(d / (double)p->softcap);
-    if (stage == SDPA_WEIGHTS_SOFTCAPPED)
-        return d;
-    if (p->has_bias)
-        d += (double)sdpa__bias_row(p, b, h, i)[j * p->bias.strides[3]];
-    return d;
-}
-
 /* A score-stage weights row over all S keys: s[j - jlo] inside [jlo, jhi) (for MASKED only
  * where allowed, -inf elsewhere; the other stages cover every key). An entry whose float32
  * value, or raw score before softcap, is not finite is recomputed in double, so a finite
  * score never shows as inf or as a clipped softcap. */
-static void write_scores_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, float *w, const float *s,
+static void write_scores_row(const sdpa__plan *p, void *acc, int64_t b, int64_t h, int64_t i, float *w, const float *s,
                              const uint8_t *flags, int64_t jlo, int64_t jhi, int stage) {
     const int64_t ws = p->weights.strides[3];
     for (int64_t j = 0; j < p->S; ++j) {
@@ -112,7 +92,7 @@ static void write_scores_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t 
         if (j >= jlo && j < jhi && (stage != SDPA_WEIGHTS_MASKED || (flags[j - jlo] & KEY_ALLOWED))) {
             x = s[j - jlo];
             if (!isfinite(x) || (flags[j - jlo] & KEY_RAW_NOT_FINITE))
-                x = (float)score_double(p, b, h, i, j, stage);
+                x = (float)sdpa__fallback_score_double(p, b, h, i, j, stage, acc);
         }
         w[j * ws] = x;
     }
@@ -125,66 +105,14 @@ static void write_probs_row(const sdpa__plan *p, float *w, const float *prob, in
         w[j * ws] = j >= jlo && j < jhi ? prob[j - jlo] : 0.0f;
 }
 
-/* Is key j allowed for row (b, h, i) whose structural range is [lo, hi)? */
-static bool pair_allowed(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, int64_t j, int64_t lo, int64_t hi) {
-    if (j < lo || j >= hi || (p->has_mask && !sdpa__mask_allows(p, b, h, i, j)))
-        return false;
-    return !p->has_bias || sdpa__bias_row(p, b, h, i)[j * p->bias.strides[3]] != -INFINITY;
-}
-
-/* A row that float32 cannot carry (a score or the P.V sum overflowed although the inputs are
- * finite): softmax, P.V, lse and probabilities in double from recomputed scores. Rare, so
- * scores are recomputed per pass instead of stored. The row has at least one allowed key. */
-static void row_in_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
-                          double *acc, float *orow, float *wrow, float *lrow) {
-    const float *vbase = at(p->v.data, b * p->v.strides[0] + (h / p->group) * p->v.strides[1]);
-    int64_t lo, hi;
-    sdpa__row_range(p, b, i, &lo, &hi);
-    double mx = -INFINITY, sum = 0.0;
-    for (int64_t j = lo; j < hi; ++j)
-        if (pair_allowed(p, b, h, i, j, lo, hi)) {
-            const double x = score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED);
-            mx = x > mx ? x : mx;
-        }
-    memset(acc, 0, (size_t)p->Ev * sizeof(double));
-    for (int64_t j = lo; j < hi; ++j) {
-        if (!pair_allowed(p, b, h, i, j, lo, hi))
-            continue;
-        const double e = exp(score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED) - mx);
-        const float *vrow = at((float *)vbase, j * p->v.strides[2]);
-        sum += e;
-        uint8_t kept = 1;
-        sdpa__dropout_keep(drop, b, h, i, j, 1, &kept);
-        if (!kept)
-            continue;
-        for (int64_t d = 0; d < p->Ev; ++d)
-            acc[d] += e * (double)vrow[d * p->v.strides[3]];
-    }
-    for (int64_t d = 0; d < p->Ev; ++d)
-        orow[d * p->out.strides[3]] = (float)(acc[d] / sum * (double)drop->scale);
-    if (lrow)
-        *lrow = (float)(mx + log(sum));
-    if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
-        for (int64_t j = 0; j < p->S; ++j)
-            wrow[j * p->weights.strides[3]] =
-                pair_allowed(p, b, h, i, j, lo, hi)
-                    ? (float)(exp(score_double(p, b, h, i, j, SDPA_WEIGHTS_MASKED) - mx) / sum)
-                    : 0.0f;
-}
-
-void sdpa__reference_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
-                                double *acc, float *orow, float *lrow) {
-    row_in_double(p, drop, b, h, i, acc, orow, NULL, lrow);
-}
-
 /* Step 2 for row i: turns its scores s[0, n) (keys jlo + [0, n)) into probabilities, exact 0
  * where blocked, writes lse and weights, and returns ROW_PV if out still needs P.V, or
  * ROW_DONE if the row is complete (padding, empty, or redone in double). */
 static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i, float *s,
-                       int64_t jlo, int64_t n, uint8_t *allowed, double *acc, float *orow, float *wrow,
+                       int64_t jlo, int64_t n, uint8_t *allowed, void *acc, float *orow, float *wrow,
                        float *lrow) {
     const int64_t jhi = jlo + n;
-    if (sdpa__row_is_padding(p, b, i)) {
+    if (sdpa__rule_is_padding(&p->rules, b, i)) {
         zero_row(orow, p->Ev, p->out.strides[3]);
         if (wrow)
             zero_row(wrow, p->S, p->weights.strides[3]);
@@ -193,40 +121,33 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
         return ROW_DONE;
     }
     int64_t lo, hi;
-    sdpa__row_range(p, b, i, &lo, &hi);
-    /* Flags: allowed by range and mask; raw float32 score not finite (an overflow that softcap
-     * would hide: tanh(inf) = 1). */
-    for (int64_t j = jlo; j < jhi; ++j) {
-        const bool ok = j >= lo && j < hi && (!p->has_mask || sdpa__mask_allows(p, b, h, i, j));
-        allowed[j - jlo] = (uint8_t)((ok ? KEY_ALLOWED : 0) | (isfinite(s[j - jlo]) ? 0 : KEY_RAW_NOT_FINITE));
-    }
+    sdpa__rule_range(&p->rules, b, i, &lo, &hi);
+    /* Flags: allowed by the rule; raw float32 score not finite (an overflow that softcap would
+     * hide: tanh(inf) = 1). */
+    sdpa__rule_row_flags(&p->rules, b, h, i, lo, hi, jlo, n, allowed); /* KEY_ALLOWED or 0 */
+    for (int64_t j = 0; j < n; ++j)
+        allowed[j] = (uint8_t)(allowed[j] | (isfinite(s[j]) ? 0 : KEY_RAW_NOT_FINITE));
     if (wrow && p->weights_stage == SDPA_WEIGHTS_SCORES)
-        write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SCORES);
+        write_scores_row(p, acc, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SCORES);
     const float c = p->softcap;
     if (c > 0.0f)
         for (int64_t j = 0; j < n; ++j)
             s[j] = c * tanhf(s[j] / c);
     if (wrow && p->weights_stage == SDPA_WEIGHTS_SOFTCAPPED)
-        write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SOFTCAPPED);
+        write_scores_row(p, acc, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SOFTCAPPED);
     /* Bias is read and added where allowed only; -inf blocks. */
-    const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
+    const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
     bool any = false, overflow = false;
     for (int64_t j = 0; j < n; ++j) {
         if (!(allowed[j] & KEY_ALLOWED))
             continue;
-        if (brow) {
-            const float bv = brow[(jlo + j) * p->bias.strides[3]];
-            if (bv == -INFINITY) {
-                allowed[j] = 0;
-                continue;
-            }
-            s[j] += bv;
-        }
+        if (brow) /* a -inf bias already blocked the key */
+            s[j] += brow[(jlo + j) * p->rules.bias.strides[3]];
         overflow = overflow || (allowed[j] & KEY_RAW_NOT_FINITE) || !isfinite(s[j]);
         any = true;
     }
     if (wrow && p->weights_stage == SDPA_WEIGHTS_MASKED)
-        write_scores_row(p, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_MASKED);
+        write_scores_row(p, acc, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_MASKED);
     for (int64_t j = 0; j < n; ++j) /* plain 0/1 from here on */
         allowed[j] &= KEY_ALLOWED;
     if (!any) { /* policy ZERO (ERROR was rejected before any write) */
@@ -238,7 +159,7 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
         return ROW_DONE;
     }
     if (overflow) { /* a float32 score overflowed: redo this row in double */
-        row_in_double(p, drop, b, h, i, acc, orow, wrow, lrow);
+        sdpa__fallback_row_double(p, drop, b, h, i, acc, orow, wrow, lrow);
         return ROW_DONE;
     }
     const float mx = sdpa__masked_max(s, allowed, n);
@@ -264,16 +185,88 @@ static void row_outputs(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, fl
     *lrow = p->has_lse ? at(p->lse, b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]) : NULL;
 }
 
-sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_bytes) {
+/* tile[r * n + t] = scale * <q_{i0 + r}, k_{jlo + t}> for r < rows, t < n: Q packed once as
+ * lanes (idle lanes zero), then one lanes_gemm per key tile, transposed into the row tile. */
+static void scores(const sdpa__plan *p, const sdpa__mk *mk, int64_t b, int64_t h, int64_t g, int64_t i0,
+                   int64_t rows, int64_t jlo, int64_t n, float *tile, float *qt, float *st, float *ktile) {
+    const int64_t nl = (rows + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES, E = p->E;
+    const sdpa__rows qr = p->load_q->rows(&p->q, b, h, i0, i0 + rows, ktile);
+    mk->pack_lanes(qr.data, qr.stride, rows, E, p->scale, qt, nl);
+    for (int64_t e = 0; e < E; ++e)
+        for (int64_t r = rows; r < nl; ++r)
+            qt[e * nl + r] = 0.0f;
+    for (int64_t t0 = jlo; t0 < jlo + n; t0 += BN) {
+        const int64_t t1 = t0 + BN < jlo + n ? t0 + BN : jlo + n;
+        const sdpa__rows kr = p->load_k->rows(&p->k, b, g, t0, t1, ktile);
+        mk->lanes_gemm(t1 - t0, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
+        mk->unpack_lanes(st, nl, rows, t1 - t0, tile + (t0 - jlo), (ptrdiff_t)n);
+    }
+}
+
+/* otile[r * Ev + d] = sum_t tile[r * n + t] * v_{jlo + t}[d] for r < rows: P packed as lanes,
+ * then per key tile one lanes_gemm over the keys some row uses (P != 0); the other keys' V rows
+ * are never read. used: n bytes of scratch. */
+static void p_times_v(const sdpa__plan *p, const sdpa__mk *mk, int64_t b, int64_t g, int64_t rows, int64_t jlo,
+                      int64_t n, const float *tile, uint8_t *used, float *pt, float *pc, float *ot, float *vtile,
+                      float *vg, const float *ones, float *otile) {
+    const int64_t nl = (rows + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES, Ev = p->Ev;
+    mk->pack_lanes(tile, (ptrdiff_t)n, rows, n, 1.0f, pt, nl);
+    for (int64_t t = 0; t < n; ++t) {
+        bool u = false;
+        for (int64_t r = rows; r < nl; ++r)
+            pt[t * nl + r] = 0.0f;
+        for (int64_t r = 0; r < rows && !u; ++r)
+            u = pt[t * nl + r] != 0.0f;
+        used[t] = u;
+    }
+    const float *beta = NULL; /* the first product overwrites ot */
+    for (int64_t t0 = 0; t0 < n; t0 += BN) {
+        const int64_t t1 = t0 + BN < n ? t0 + BN : n;
+        int64_t cu = 0;
+        bool all = true;
+        for (int64_t t = t0; t < t1; ++t) {
+            cu += used[t];
+            all = all && used[t];
+        }
+        if (cu == 0)
+            continue;
+        const sdpa__rows vr = p->load_v->rows(&p->v, b, g, jlo + t0, jlo + t1, vtile);
+        if (all) {
+            mk->lanes_gemm(Ev, t1 - t0, vr.data, 1, vr.stride, pt + t0 * nl, ot, beta, nl, nl);
+        } else { /* gather the used keys: P rows and V rows */
+            int64_t c = 0;
+            for (int64_t t = t0; t < t1; ++t) {
+                if (!used[t])
+                    continue;
+                memcpy(pc + c * nl, pt + t * nl, (size_t)nl * sizeof(float));
+                memcpy(vg + c * Ev, vr.data + (t - t0) * vr.stride, (size_t)Ev * sizeof(float));
+                ++c;
+            }
+            mk->lanes_gemm(Ev, cu, vg, 1, (ptrdiff_t)Ev, pc, ot, beta, nl, nl);
+        }
+        beta = ones;
+    }
+    if (beta == NULL) /* no key used: every row's P.V is 0 */
+        memset(ot, 0, (size_t)(Ev * nl) * sizeof(float));
+    mk->unpack_lanes(ot, nl, rows, Ev, otile, (ptrdiff_t)Ev);
+}
+
+static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw, size_t ws_bytes) {
+    (void)threads; /* the calling thread only */
     const layout l = make_layout(p);
     if (ws_bytes < l.total)
         return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: internal workspace of %zu bytes is below %zu", ws_bytes,
                           l.total);
     unsigned char *ws = (unsigned char *)ws_raw;
     uint8_t *allowed = ws + l.flags, *state = ws + l.state;
-    float *tile = (float *)(ws + l.tile), *otile = (float *)(ws + l.otile), *pack = (float *)(ws + l.pack);
-    float *vgather = (float *)(ws + l.vgather);
-    double *acc = (double *)(ws + l.acc);
+    float *tile = (float *)(ws + l.tile), *otile = (float *)(ws + l.otile);
+    float *qt = (float *)(ws + l.qt), *st = (float *)(ws + l.st), *pt = (float *)(ws + l.pt);
+    float *ot = (float *)(ws + l.ot), *ktile = (float *)(ws + l.ktile), *vtile = (float *)(ws + l.vtile);
+    float *vg = (float *)(ws + l.vg), *ones = (float *)(ws + l.ones);
+    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
+    for (int64_t t = 0; t < block_lanes(p); ++t)
+        ones[t] = 1.0f;
+    void *acc = ws + l.acc;
     const bool score_stage = p->has_weights && p->weights_stage != SDPA_WEIGHTS_PROBABILITIES;
     sdpa__dropout drop;
     sdpa__dropout_init(&drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
@@ -287,9 +280,9 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                 int64_t jlo = p->S, jhi = 0;
                 for (int64_t r = 0; r < rows; ++r) {
                     int64_t lo, hi;
-                    if (sdpa__row_is_padding(p, b, i0 + r))
+                    if (sdpa__rule_is_padding(&p->rules, b, i0 + r))
                         continue;
-                    sdpa__row_range(p, b, i0 + r, &lo, &hi);
+                    sdpa__rule_range(&p->rules, b, i0 + r, &lo, &hi);
                     if (lo < hi) {
                         jlo = lo < jlo ? lo : jlo;
                         jhi = hi > jhi ? hi : jhi;
@@ -300,11 +293,8 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                     jhi = p->S;
                 }
                 const int64_t n = jhi > jlo ? jhi - jlo : 0;
-                if (n > 0) {
-                    const sdpa__mat a = q_block(p, b, h, i0, rows), kt = kt_block(p, b, g, jlo, n);
-                    sdpa__mat t = {tile, rows, n, n, 1};
-                    sdpa__matmul(&a, &kt, p->scale, 0.0f, &t, pack);
-                }
+                if (n > 0)
+                    scores(p, mk, b, h, g, i0, rows, jlo, n, tile, qt, st, ktile);
                 bool need_pv = false;
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t i = i0 + r;
@@ -319,26 +309,7 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                 }
                 if (!need_pv || p->Ev == 0)
                     continue;
-                /* Keys with a nonzero probability in some row of the block. */
-                uint8_t *used = allowed;
-                memset(used, 0, (size_t)n);
-                bool all_used = true;
-                for (int64_t j = 0; j < n; ++j) {
-                    for (int64_t r = 0; r < rows && !used[j]; ++r)
-                        used[j] = tile[r * n + j] != 0.0f;
-                    all_used = all_used && used[j];
-                }
-                sdpa__mat vb = v_block(p, b, g, jlo, n);
-                if (!all_used) { /* gather, zeros for the keys nothing uses: they are never read */
-                    for (int64_t j = 0; j < n; ++j)
-                        for (int64_t d = 0; d < p->Ev; ++d)
-                            vgather[j * p->Ev + d] = used[j] ? vb.data[j * vb.row_stride + d * vb.col_stride] : 0.0f;
-                    const sdpa__mat gathered = {vgather, n, p->Ev, p->Ev, 1};
-                    vb = gathered;
-                }
-                const sdpa__mat pm = {tile, rows, n, n, 1};
-                sdpa__mat o = {otile, rows, p->Ev, p->Ev, 1};
-                sdpa__matmul(&pm, &vb, 1.0f, 0.0f, &o, pack);
+                p_times_v(p, mk, b, g, rows, jlo, n, tile, allowed, pt, st, ot, vtile, vg, ones, otile);
                 for (int64_t r = 0; r < rows; ++r) {
                     if (state[r] != ROW_PV)
                         continue;
@@ -352,7 +323,7 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
                         finite = finite && isfinite(x);
                     }
                     if (!finite) /* the float32 P.V sum overflowed (|v| near FLT_MAX): redo in double */
-                        row_in_double(p, &drop, b, h, i, acc, orow, wrow, lrow);
+                        sdpa__fallback_row_double(p, &drop, b, h, i, acc, orow, wrow, lrow);
                 }
             }
         }
@@ -360,3 +331,24 @@ sdpa_status sdpa__kernel_reference(const sdpa__plan *p, void *ws_raw, size_t ws_
     sdpa__set_kernel("reference");
     return SDPA_OK;
 }
+
+static sdpa__fit reference_supports(const sdpa__plan *p, const char **why) {
+    (void)p;
+    (void)why;
+    return SDPA__FIT_AUTO;
+}
+
+static int reference_threads(const sdpa__plan *p) {
+    (void)p;
+    return 1;
+}
+
+static size_t reference_workspace_bytes(const sdpa__plan *p, int threads) {
+    (void)threads;
+    return make_layout(p).total;
+}
+
+const sdpa__kernel sdpa__kernel_reference = {
+    SDPA_KERNEL_REFERENCE, "SDPA_KERNEL_REFERENCE", false, reference_supports, reference_threads,
+    reference_workspace_bytes, reference_run,
+};

@@ -3,13 +3,13 @@
  *
  *   Qt = scale * Q_block^T, packed once per item (zero lanes for rows that read nothing)
  *   for each tile of SDPA__TILE_K keys that some row of the block may attend:
- *     St = K_tile Qt                      (lanes_gemm; K read in place, any strides)
+ *     St = K_tile Qt                      (lanes_gemm; K rows from the loader, load.h)
  *     softcap; bias, allow-mask and the structural rules (causal, window, key lengths) set
  *     blocked scores to -inf, but only in tiles that are not fully allowed
  *     online softmax: running max m, alpha = exp(m_old - m_new), P = exp(S - m_new),
  *     l = alpha l + sum P (pre-dropout; l in double)
  *     dropout zeroes P where the (b, h, i, j) keep bit says so
- *     Ot = alpha Ot + V_tile^T P          (lanes_gemm; V read in place)
+ *     Ot = alpha Ot + V_tile^T P          (lanes_gemm; V rows from the loader)
  *   out = Ot / l (times 1/(1-p) under dropout), lse = m + log l
  *
  * Tiles that no row may attend (causal, window, key/query lengths, an all-zero stretch of the
@@ -17,11 +17,16 @@
  * A key that no row of the tile may attend is never read into P.V: its V row is left out (the
  * used keys are gathered), so NaN stored there cannot reach out through 0 * NaN.
  * A row whose float32 scores or P.V sums are not finite although the inputs are (overflow) is
- * recomputed by the reference path in double (sdpa__reference_row_double).
- * Extra memory: per thread, tiles of (E + TILE_K + Ev) x TILE_Q floats plus TILE_K x Ev floats;
+ * recomputed in double (fallback_double.c).
+ * Q, K and V reach the micro-kernels only through the plan's loaders: float32 rows with unit
+ * inner stride in place, anything else copied (widened) into the thread's loader tiles.
+ * Extra memory: per thread, tiles of (E + TILE_K + Ev) x TILE_Q floats, TILE_K x Ev floats and
+ * the loader tiles (TILE_Q x E, TILE_K x E, TILE_K x Ev floats);
  * nothing grows with L or S. Work items are the same for every thread count, so results are
  * bit-identical for any num_threads. */
-#include "microkernel.h"
+#include "kernel.h"
+#include "dispatch.h"
+#include "load.h"
 
 #include <math.h>
 #include <string.h>
@@ -30,10 +35,9 @@
 #define BN SDPA__TILE_K
 
 enum { LANE_OFF = 0, LANE_VALID = 1, LANE_PADDING = 2, LANE_EMPTY = 3 };
-enum { MASK_ONE = 0, MASK_ZERO = 1, MASK_MIXED = 2 };
 
 typedef struct layout {
-    size_t qt, st, ot, vg, m, alpha, tsum, l, acc, bad, lo, hi, cnt, state, used, keep, total;
+    size_t qt, st, ot, vg, qtile, ktile, vtile, m, alpha, tsum, l, acc, bad, lo, hi, cnt, state, used, keep, total;
 } layout;
 
 static size_t take(size_t *at, size_t bytes) {
@@ -50,11 +54,14 @@ static layout make_layout(const sdpa__plan *p) {
     l.st = take(&at, (size_t)BN * BM * f);
     l.ot = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BM), f));
     l.vg = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BN), f));
+    l.qtile = take(&at, sdpa__mul_sat(sdpa__mul_sat(E, BM), f)); /* loader tiles (load.h) */
+    l.ktile = take(&at, sdpa__mul_sat(sdpa__mul_sat(E, BN), f));
+    l.vtile = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BN), f));
     l.m = take(&at, BM * f);
     l.alpha = take(&at, BM * f);
     l.tsum = take(&at, BM * f);
     l.l = take(&at, BM * sizeof(double));
-    l.acc = take(&at, sdpa__mul_sat(Ev, sizeof(double)));
+    l.acc = take(&at, sdpa__fallback_scratch_bytes(p)); /* the double fallback's scratch */
     l.bad = take(&at, BM * sizeof(int32_t));
     l.lo = take(&at, BM * sizeof(int32_t));
     l.hi = take(&at, BM * sizeof(int32_t));
@@ -68,7 +75,7 @@ static layout make_layout(const sdpa__plan *p) {
 
 static int64_t num_tasks(const sdpa__plan *p) { return p->B * p->Hq * ((p->L + BM - 1) / BM); }
 
-int sdpa__tiled_threads(const sdpa__plan *p) {
+static int tiled_threads(const sdpa__plan *p) {
     const int64_t tasks = num_tasks(p);
     /* About 4 MFLOP per thread at least: below that, starting a thread costs more than it saves. */
     const double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
@@ -81,7 +88,7 @@ int sdpa__tiled_threads(const sdpa__plan *p) {
     return t < 1 ? 1 : (int)t;
 }
 
-size_t sdpa__tiled_workspace_bytes(const sdpa__plan *p, int threads) {
+static size_t tiled_workspace_bytes(const sdpa__plan *p, int threads) {
     return sdpa__mul_sat(make_layout(p).total, (size_t)(threads < 1 ? 1 : threads));
 }
 
@@ -103,29 +110,6 @@ static void write_zero_row(const sdpa__plan *p, float *orow, float *lrow) {
         *lrow = -INFINITY;
 }
 
-/* Allow-mask over the structurally allowed part of the tile [ta, tc) for the block's valid lanes. */
-static int scan_mask(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, int64_t nl, const uint8_t *state,
-                     const int32_t *lo, const int32_t *hi, int64_t ta, int64_t tc) {
-    const uint8_t *mbase = (const uint8_t *)p->mask.data + b * p->mask.strides[0] + h * p->mask.strides[1];
-    const int64_t ms3 = p->mask.strides[3];
-    bool any1 = false, any0 = false;
-    for (int64_t r = 0; r < nl; ++r) {
-        if (state[r] != LANE_VALID)
-            continue;
-        const uint8_t *mrow = mbase + (i0 + r) * p->mask.strides[2];
-        const int64_t s = lo[r] > ta ? lo[r] : ta, e = hi[r] < tc ? hi[r] : tc;
-        for (int64_t j = s; j < e; ++j) {
-            if (mrow[j * ms3])
-                any1 = true;
-            else
-                any0 = true;
-        }
-        if (any1 && any0)
-            return MASK_MIXED;
-    }
-    return any1 ? MASK_ONE : MASK_ZERO; /* ZERO also when no valid lane meets the tile */
-}
-
 /* Per-element rules for a tile: structure, allow-mask, bias (-inf blocks; added where allowed).
  * Blocked elements become -inf; used[t] = some lane may attend key ta + t; bad lanes flagged. */
 static bool apply_rules(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, int64_t nl, const uint8_t *state,
@@ -139,23 +123,15 @@ static bool apply_rules(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, i
             continue;
         }
         const int64_t i = i0 + r;
-        const uint8_t *mrow = p->has_mask ? (const uint8_t *)p->mask.data + b * p->mask.strides[0] +
-                                                h * p->mask.strides[1] + i * p->mask.strides[2]
-                                          : NULL;
-        const float *brow = p->has_bias ? sdpa__bias_row(p, b, h, i) : NULL;
-        const int64_t ms3 = p->mask.strides[3], bs3 = p->bias.strides[3];
+        uint8_t ok[BN];
+        sdpa__rule_row_flags(&p->rules, b, h, i, lo[r], hi[r], ta, n, ok);
+        const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
+        const int64_t bs3 = p->rules.bias.strides[3];
         for (int64_t t = 0; t < n; ++t) {
-            const int64_t j = ta + t;
             float *x = &st[t * nl + r];
-            bool ok = j >= lo[r] && j < hi[r] && (mrow == NULL || mrow[j * ms3] != 0);
-            if (ok && brow != NULL) {
-                const float bv = brow[j * bs3];
-                if (bv == -INFINITY)
-                    ok = false;
-                else
-                    *x += bv;
-            }
-            if (ok) {
+            if (ok[t]) {
+                if (brow != NULL)
+                    *x += brow[(ta + t) * bs3];
                 used[t] = 1;
                 if (!isfinite(*x))
                     bad[r] = -1;
@@ -200,12 +176,13 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     const layout *lay = &c->lay;
     unsigned char *ws = c->ws + (size_t)tid * lay->total;
     float *qt = (float *)(ws + lay->qt), *st = (float *)(ws + lay->st), *ot = (float *)(ws + lay->ot);
+    float *qtile = (float *)(ws + lay->qtile), *ktile = (float *)(ws + lay->ktile), *vtile = (float *)(ws + lay->vtile);
     float *vg = (float *)(ws + lay->vg), *m = (float *)(ws + lay->m), *alpha = (float *)(ws + lay->alpha);
     float *tsum = (float *)(ws + lay->tsum);
-    double *l = (double *)(ws + lay->l), *acc = (double *)(ws + lay->acc);
+    double *l = (double *)(ws + lay->l);
+    void *acc = ws + lay->acc;
     int32_t *bad = (int32_t *)(ws + lay->bad), *lo = (int32_t *)(ws + lay->lo), *hi = (int32_t *)(ws + lay->hi);
     int32_t *cnt = (int32_t *)(ws + lay->cnt), cs[BM / SDPA__LANES], ce[BM / SDPA__LANES];
-    float inv_q[BM];
     uint8_t *state = ws + lay->state, *used = ws + lay->used, *keep = ws + lay->keep;
 
     /* Head-major, so that consecutive tasks (on one thread or on neighbours) reuse the head's K
@@ -218,7 +195,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     const int64_t nl = (rows + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES;
     const int64_t E = p->E, Ev = p->Ev;
 
-    int64_t jmin = p->S, jmax = 0, maxlo = 0, minhi = p->S;
+    int64_t jmin = p->S, jmax = 0;
     bool any_valid = false;
     const float *beta = alpha; /* NULL until the item's first P.V */
     for (int64_t r = 0; r < nl; ++r) {
@@ -226,12 +203,12 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
         state[r] = LANE_OFF;
         if (r >= rows)
             continue;
-        if (sdpa__row_is_padding(p, b, i0 + r)) {
+        if (sdpa__rule_is_padding(&p->rules, b, i0 + r)) {
             state[r] = LANE_PADDING;
             continue;
         }
         int64_t a, e;
-        sdpa__row_range(p, b, i0 + r, &a, &e);
+        sdpa__rule_range(&p->rules, b, i0 + r, &a, &e);
         if (a >= e || a >= p->S) {
             state[r] = LANE_EMPTY;
             continue;
@@ -242,59 +219,37 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
         hi[r] = (int32_t)e;
         jmin = a < jmin ? a : jmin;
         jmax = e > jmax ? e : jmax;
-        maxlo = a > maxlo ? a : maxlo;
-        minhi = e < minhi ? e : minhi;
     }
 
     if (any_valid) {
-        const float *qbase = p->q.data + b * p->q.strides[0] + h * p->q.strides[1];
-        const float *kbase = p->k.data + b * p->k.strides[0] + g * p->k.strides[1];
-        const float *vbase = at(p->v.data, b * p->v.strides[0] + g * p->v.strides[1]);
-        const int64_t qs2 = p->q.strides[2], qs3 = p->q.strides[3];
-        const int64_t ks2 = p->k.strides[2], ks3 = p->k.strides[3];
-        const int64_t vs2 = p->v.strides[2], vs3 = p->v.strides[3];
         /* Qt[e][lane] = scale * q[i0 + lane][e]; lanes that read nothing get zeros (a padding or
          * fully blocked query row is never inspected and may hold NaN). */
         for (int64_t r = 0; r < nl; ++r) {
-            inv_q[r] = state[r] == LANE_VALID ? c->qscale : 0.0f;
             m[r] = -INFINITY;
             l[r] = 0.0;
             bad[r] = 0;
         }
-        if (qs3 == 1) { /* rows contiguous along E: SIMD transpose, then clear the idle lanes */
-            mk->pack_lanes(qbase + i0 * qs2, (ptrdiff_t)qs2, rows, E, c->qscale, qt, nl);
+        { /* float32 rows from the loader: SIMD transpose, then clear the idle lanes */
+            const sdpa__rows qr = p->load_q->rows(&p->q, b, h, i0, i0 + rows, qtile);
+            mk->pack_lanes(qr.data, qr.stride, rows, E, c->qscale, qt, nl);
             for (int64_t r = 0; r < nl; ++r)
                 if (state[r] != LANE_VALID)
                     for (int64_t e = 0; e < E; ++e)
                         qt[e * nl + r] = 0.0f;
-        } else {
-            for (int64_t e = 0; e < E; ++e) {
-                float *qe = qt + e * nl;
-                const float *src = qbase + i0 * qs2 + e * qs3;
-                for (int64_t r = 0; r < nl; ++r)
-                    qe[r] = state[r] == LANE_VALID ? src[r * qs2] * inv_q[r] : 0.0f;
-            }
         }
         beta = NULL; /* the first P.V overwrites Ot (its alpha is 0: m was -inf) */
 
         for (int64_t a = jmin / BN * BN; a < jmax; a += BN) {
             const int64_t ta = a > jmin ? a : jmin, tc = a + BN < jmax ? a + BN : jmax, n = tc - ta;
-            const bool sfull = maxlo <= ta && minhi >= tc;
-            int mstate = MASK_ONE;
-            if (!sfull) {
-                bool meets = false;
-                for (int64_t r = 0; r < nl && !meets; ++r)
-                    meets = state[r] == LANE_VALID && lo[r] < tc && hi[r] > ta;
-                if (!meets)
-                    continue;
-            }
-            if (p->has_mask && (mstate = scan_mask(p, b, h, i0, nl, state, lo, hi, ta, tc)) == MASK_ZERO)
+            const sdpa__tile_class tcl = sdpa__rule_classify_tile(&p->rules, b, h, i0, nl, lo, hi, ta, tc);
+            if (tcl == SDPA__TILE_NONE)
                 continue;
 
             /* Structural rules only: each chunk of rows (mk->range_lanes of them) computes just
              * the keys its rows can reach, [s0, e0); the rest of its column is P = 0. A causal
              * diagonal tile then costs about 5/8 (16-row chunks) or 3/4 (32) of a full one. */
-            const bool ranged = !sfull && !p->has_bias && mstate != MASK_MIXED;
+            const bool ranged = tcl == SDPA__TILE_PARTIAL_RANGE;
+            const sdpa__rows kr = p->load_k->rows(&p->k, b, g, ta, tc, ktile);
             bool all_used = true;
             if (ranged) {
                 all_used = range_used(nl, state, lo, hi, ta, n, cnt, used);
@@ -320,7 +275,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                                 st[t * nl + r] = 0.0f;
                     float *sc = st + (s0 - ta) * nl + l0;
                     if (s0 < e0) {
-                        mk->lanes_gemm(e0 - s0, E, kbase + s0 * ks2, (ptrdiff_t)ks2, (ptrdiff_t)ks3, qt + l0, sc,
+                        mk->lanes_gemm(e0 - s0, E, kr.data + (s0 - ta) * kr.stride, kr.stride, 1, qt + l0, sc,
                                        NULL, w, nl);
                         if (p->softcap > 0.0f)
                             for (int64_t t = 0; t < e0 - s0; ++t)
@@ -330,11 +285,11 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                     mk->lanes_softmax(sc, e0 - s0, w, nl, m + l0, alpha + l0, tsum + l0, NULL);
                 }
             } else {
-                mk->lanes_gemm(n, E, kbase + ta * ks2, (ptrdiff_t)ks2, (ptrdiff_t)ks3, qt, st, NULL, nl, nl);
+                mk->lanes_gemm(n, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
                 if (p->softcap > 0.0f)
                     mk->softcap(st, n * nl, p->softcap);
                 int32_t *check = bad;
-                if (p->has_bias || mstate == MASK_MIXED) {
+                if (tcl == SDPA__TILE_PARTIAL) {
                     all_used = apply_rules(p, b, h, i0, nl, state, lo, hi, ta, n, st, used, bad);
                     check = NULL;
                 }
@@ -354,16 +309,17 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             }
             if (Ev == 0)
                 continue;
+            const sdpa__rows vr = p->load_v->rows(&p->v, b, g, ta, tc, vtile);
             if (all_used && ranged) { /* keys outside a chunk's reach have P = 0 there: skipped */
                 int nc = 0;
                 for (int64_t l0 = 0; l0 < nl; l0 += mk->range_lanes, ++nc) {
                     const int64_t w = nl - l0 < mk->range_lanes ? nl - l0 : mk->range_lanes;
                     const int64_t s0 = cs[nc], e0 = ce[nc];
-                    mk->lanes_gemm(Ev, e0 - s0, vbase + (s0 < e0 ? s0 : ta) * vs2, (ptrdiff_t)vs3, (ptrdiff_t)vs2,
+                    mk->lanes_gemm(Ev, e0 - s0, vr.data + ((s0 < e0 ? s0 : ta) - ta) * vr.stride, 1, vr.stride,
                                    st + (s0 < e0 ? s0 - ta : 0) * nl + l0, ot + l0, beta ? beta + l0 : NULL, w, nl);
                 }
             } else if (all_used) {
-                mk->lanes_gemm(Ev, n, vbase + ta * vs2, (ptrdiff_t)vs3, (ptrdiff_t)vs2, st, ot, beta, nl, nl);
+                mk->lanes_gemm(Ev, n, vr.data, 1, vr.stride, st, ot, beta, nl, nl);
             } else { /* gather the used keys: the others' V rows are never read */
                 int64_t cu = 0;
                 for (int64_t t = 0; t < n; ++t) {
@@ -371,9 +327,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                         continue;
                     if (cu != t)
                         memcpy(st + cu * nl, st + t * nl, (size_t)nl * sizeof(float));
-                    const float *vr = vbase + (ta + t) * vs2;
-                    for (int64_t d = 0; d < Ev; ++d)
-                        vg[cu * Ev + d] = vr[d * vs3];
+                    memcpy(vg + cu * Ev, vr.data + t * vr.stride, (size_t)Ev * sizeof(float));
                     ++cu;
                 }
                 mk->lanes_gemm(Ev, cu, vg, 1, (ptrdiff_t)Ev, st, ot, beta, nl, nl);
@@ -420,7 +374,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             continue;
         }
         if (bad[r]) { /* a float32 score overflowed */
-            sdpa__reference_row_double(p, &c->drop, b, h, i, acc, orow, lrow);
+            sdpa__fallback_row_double(p, &c->drop, b, h, i, acc, orow, NULL, lrow);
             continue;
         }
         if (l[r] == 0.0) { /* every key blocked by the mask or bias: policy ZERO (Ot may be unset) */
@@ -428,7 +382,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             continue;
         }
         if (nonfin[r]) { /* the float32 P.V sum overflowed */
-            sdpa__reference_row_double(p, &c->drop, b, h, i, acc, orow, lrow);
+            sdpa__fallback_row_double(p, &c->drop, b, h, i, acc, orow, NULL, lrow);
             continue;
         }
         if (!bulk)
@@ -439,7 +393,8 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     }
 }
 
-sdpa_status sdpa__kernel_tiled(const sdpa__plan *p, const sdpa__mk *mk, int threads, void *ws, size_t ws_bytes) {
+static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes) {
+    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
     tctx c;
     c.p = p;
     c.mk = mk;
@@ -447,7 +402,7 @@ sdpa_status sdpa__kernel_tiled(const sdpa__plan *p, const sdpa__mk *mk, int thre
     c.ws = (unsigned char *)ws;
     if (threads < 1)
         threads = 1;
-    if (ws_bytes < sdpa__tiled_workspace_bytes(p, threads))
+    if (ws_bytes < tiled_workspace_bytes(p, threads))
         return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: tiled kernel workspace of %zu bytes is too small",
                           ws_bytes);
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
@@ -456,3 +411,15 @@ sdpa_status sdpa__kernel_tiled(const sdpa__plan *p, const sdpa__mk *mk, int thre
     sdpa__set_kernel(mk->tiled_name);
     return SDPA_OK;
 }
+
+static sdpa__fit tiled_supports(const sdpa__plan *p, const char **why) {
+    if (p->has_weights) {
+        *why = "does not produce weights; pass weights=NULL, or use SDPA_KERNEL_AUTO or SDPA_KERNEL_REFERENCE";
+        return SDPA__FIT_NO;
+    }
+    return SDPA__FIT_AUTO;
+}
+
+const sdpa__kernel sdpa__kernel_tiled = {
+    SDPA_KERNEL_TILED, "SDPA_KERNEL_TILED", false, tiled_supports, tiled_threads, tiled_workspace_bytes, tiled_run,
+};

@@ -27,19 +27,30 @@ static sdpa_status check_alignment(const char *fn, sdpa_alignment a) {
     return SDPA_OK;
 }
 
-/* Fill rows [r0, r0+rows) x keys [c0, c0+cols) of a row-major matrix with `ld` columns:
- * key j (block-relative) is allowed iff lo(i) <= j <= hi(i), i block-relative, where
- * p = i + shift, lo = p - left (left < 0: unbounded), hi = p + right (right < 0: unbounded). */
-static void fill_band(uint8_t *out, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t shift,
-                      int64_t left, int64_t right) {
-    for (int64_t i = 0; i < rows; ++i) {
+/* Fill rows [r0, r0 + rules->L) x keys [c0, c0 + rules->S) of a row-major matrix with `ld`
+ * columns from the structural rule of rules.c (batch 0): the mask a builder writes is the one
+ * the equivalent options give, bit for bit. */
+static void fill_rule(uint8_t *out, int64_t ld, int64_t r0, int64_t c0, const sdpa__rules *r) {
+    for (int64_t i = 0; i < r->L; ++i) {
         uint8_t *row = out + (r0 + i) * ld + c0;
-        const int64_t pos = i + shift;
-        for (int64_t j = 0; j < cols; ++j) {
-            bool ok = (left < 0 || j >= pos - left) && (right < 0 || j <= pos + right);
-            row[j] = ok ? 1 : 0;
-        }
+        int64_t lo, hi;
+        sdpa__rule_range(r, 0, i, &lo, &hi);
+        for (int64_t j = 0; j < r->S; ++j)
+            row[j] = j >= lo && j < hi ? 1 : 0;
     }
+}
+
+/* The rule of an L x S matrix: no masks, lengths or offsets; window -1 = unbounded. */
+static sdpa__rules band_rules(int64_t L, int64_t S, int causal, sdpa_alignment alignment, int64_t left, int64_t right) {
+    sdpa__rules r;
+    memset(&r, 0, sizeof r);
+    r.L = L;
+    r.S = S;
+    r.causal = causal;
+    r.alignment = alignment;
+    r.window_left = left;
+    r.window_right = right;
+    return r;
 }
 
 SDPA_API sdpa_status sdpa_mask_causal(uint8_t *out, int64_t L, int64_t S, sdpa_alignment alignment) {
@@ -48,7 +59,8 @@ SDPA_API sdpa_status sdpa_mask_causal(uint8_t *out, int64_t L, int64_t S, sdpa_a
     sdpa__clear_error();
     if ((st = check_matrix(fn, out, L, S, "L", "S")) != SDPA_OK) return st;
     if ((st = check_alignment(fn, alignment)) != SDPA_OK) return st;
-    fill_band(out, S, 0, L, 0, S, alignment == SDPA_ALIGN_BOTTOM_RIGHT ? S - L : 0, -1, 0);
+    const sdpa__rules r = band_rules(L, S, 1, alignment, -1, -1);
+    fill_rule(out, S, 0, 0, &r);
     return SDPA_OK;
 }
 
@@ -65,7 +77,8 @@ SDPA_API sdpa_status sdpa_mask_sliding_window(uint8_t *out, int64_t L, int64_t S
     /* Windows wider than the matrix are unbounded; this keeps pos +- window in range. */
     if (left > L + S) left = -1;
     if (right > L + S) right = -1;
-    fill_band(out, S, 0, L, 0, S, alignment == SDPA_ALIGN_BOTTOM_RIGHT ? S - L : 0, left, right);
+    const sdpa__rules r = band_rules(L, S, 0, alignment, left, right);
+    fill_rule(out, S, 0, 0, &r);
     return SDPA_OK;
 }
 
@@ -122,8 +135,8 @@ SDPA_API sdpa_status sdpa_mask_block_diagonal(uint8_t *out, int64_t num_seqs, co
         memset(out, 0, (size_t)(Lt * St));
     for (int64_t n = 0; n < num_seqs; ++n) {
         const int64_t lq = cu_seqlens_q[n + 1] - cu_seqlens_q[n], lk = cuk[n + 1] - cuk[n];
-        const int64_t shift = alignment == SDPA_ALIGN_BOTTOM_RIGHT ? lk - lq : 0;
-        fill_band(out, St, cu_seqlens_q[n], lq, cuk[n], lk, shift, -1, causal ? 0 : -1);
+        const sdpa__rules r = band_rules(lq, lk, causal, alignment, -1, -1);
+        fill_rule(out, St, cu_seqlens_q[n], cuk[n], &r);
     }
     return SDPA_OK;
 }
@@ -136,9 +149,11 @@ SDPA_API sdpa_status sdpa_mask_prefix_lm(uint8_t *out, int64_t T, int64_t prefix
     if (prefix_length < 0 || prefix_length > T)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: prefix_length=%lld is outside [0, T=%lld]", fn,
                           (long long)prefix_length, (long long)T);
+    /* causal (top-left) plus every key of the prefix */
+    const sdpa__rules r = band_rules(T, T, 1, SDPA_ALIGN_TOP_LEFT, -1, -1);
+    fill_rule(out, T, 0, 0, &r);
     for (int64_t i = 0; i < T; ++i)
-        for (int64_t j = 0; j < T; ++j)
-            out[i * T + j] = (j < prefix_length || j <= i) ? 1 : 0;
+        memset(out + i * T, 1, (size_t)prefix_length);
     return SDPA_OK;
 }
 

@@ -1,5 +1,6 @@
 /* The multi-head attention layer (torch.nn.MultiheadAttention, batch_first=True, and the
- * Llama-style GQA variant): validate -> project -> sdpa_attention -> output projection.
+ * Llama-style GQA variant): validate -> project -> attention (the internal entries behind
+ * sdpa_attention: sdpa__plan_make, sdpa__attention_planned) -> output projection.
  *
  * Data flow, all inside one workspace (caller's or allocated here and freed before return):
  *   Qp [B*L, Dq], Kp/Vp [B*S', Dkv]: one GEMM each over all rows (y = x W^T + b) through the
@@ -28,7 +29,6 @@
 
 #define MHA_PARAMS_V1_SIZE (offsetof(sdpa_mha_params, reserved0) + sizeof(int32_t))
 #define MHA_OPTIONS_V1_SIZE (offsetof(sdpa_mha_options, workspace_bytes) + sizeof(size_t))
-#define MHA_STRUCT_SIZE_MAX 4096
 #define MHA_ALIGN 64u
 #define MHA_OUT_BLOCK 64 /* rows per block of the output projection through a buffer */
 
@@ -92,28 +92,6 @@ SDPA_API void sdpa_mha_options_init_sized(sdpa_mha_options *options, size_t stru
         return;
     memset(options, 0, struct_size);
     options->struct_size = struct_size;
-}
-
-/* Copy a caller struct of its own struct_size into dst (defaults already there): read only
- * what struct_size covers; bytes beyond what this library knows must be 0. */
-static sdpa_status read_sized(const char *fn, const char *what, const void *in, size_t v1, void *dst,
-                              size_t dst_size) {
-    size_t sz;
-    memcpy(&sz, in, sizeof sz);
-    if (sz < v1)
-        return sdpa__fail(SDPA_ERR_STRUCT_VERSION, "%s: %s->struct_size=%zu is smaller than the version-1 size %zu (call %s_init())",
-                          fn, what, sz, v1, what[0] == 'p' ? "sdpa_mha_params" : "sdpa_mha_options");
-    if (sz > MHA_STRUCT_SIZE_MAX)
-        return sdpa__fail(SDPA_ERR_STRUCT_VERSION, "%s: %s->struct_size=%zu is larger than %d", fn, what, sz,
-                          MHA_STRUCT_SIZE_MAX);
-    memcpy(dst, in, sz < dst_size ? sz : dst_size);
-    const unsigned char *bytes = (const unsigned char *)in;
-    for (size_t b = dst_size; b < sz; ++b)
-        if (bytes[b] != 0)
-            return sdpa__fail(SDPA_ERR_STRUCT_VERSION,
-                              "%s: %s byte %zu is beyond what libsdpa %s knows (%zu bytes) and is not 0", fn, what, b,
-                              SDPA_VERSION_STRING, dst_size);
-    return SDPA_OK;
 }
 
 /* ------------------------------------------------------------ validation */
@@ -377,10 +355,12 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: params is NULL", fn);
     sdpa_mha_params_init(&pl->p);
     sdpa_mha_options_init(&pl->o);
-    if ((st = read_sized(fn, "params", params, MHA_PARAMS_V1_SIZE, &pl->p, sizeof pl->p)) != SDPA_OK)
+    if ((st = sdpa__read_versioned(fn, "params", "sdpa_mha_params", params, MHA_PARAMS_V1_SIZE, &pl->p,
+                                   sizeof pl->p)) != SDPA_OK ||
+        (st = sdpa__check_reserved(fn, "params->reserved0", pl->p.reserved0)) != SDPA_OK)
         return st;
-    if (options != NULL &&
-        (st = read_sized(fn, "options", options, MHA_OPTIONS_V1_SIZE, &pl->o, sizeof pl->o)) != SDPA_OK)
+    if (options != NULL && (st = sdpa__read_versioned(fn, "options", "sdpa_mha_options", options,
+                                                      MHA_OPTIONS_V1_SIZE, &pl->o, sizeof pl->o)) != SDPA_OK)
         return st;
     const sdpa_mha_params *p = &pl->p;
     const sdpa_mha_options *o = &pl->o;
@@ -395,8 +375,6 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: params->embed_dim=0", fn);
     if (p->num_heads == 0)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: params->num_heads=0, expected >= 1", fn);
-    if (p->reserved0 != 0)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: params->reserved0=%d must be 0", fn, (int)p->reserved0);
     if ((st = check_flag(fn, "params->add_zero_attn", p->add_zero_attn)) != SDPA_OK)
         return st;
     const int64_t E = p->embed_dim, H = p->num_heads;
@@ -639,8 +617,14 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         mha_attn a;
         size_t n = 0;
         attn_setup(pl, NULL, false, &a);
-        if (BL > 0) {
-            st = sdpa_attention_workspace_size(&a.q, &a.k, &a.v, &a.opt, pl->want_weights, &n);
+        if (BL > 0) { /* the attention's own plan and workspace (internal entries, attention.c) */
+            sdpa__plan ap;
+            sdpa_options ao;
+            st = sdpa__plan_make(&a.q, &a.k, &a.v, &a.opt, NULL, NULL, NULL, true, &ap, &ao);
+            if (st == SDPA_OK) {
+                ap.has_weights = pl->want_weights;
+                st = sdpa__attention_workspace_bytes("sdpa_attention_workspace_size", &ap, &n);
+            }
             if (st != SDPA_OK)
                 return rewrap(fn, st);
         }
@@ -658,10 +642,7 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
 
     /* ---- overlaps (outputs and the caller workspace against everything else) */
     if (!for_size) {
-        struct {
-            const char *name;
-            sdpa__span s;
-        } in[20], outs[3];
+        sdpa__named_span in[20], outs[3];
         int nin = 0, nout = 0;
 #define MHA_IN_T(nm, t) do { if ((t) != NULL) { in[nin].name = (nm); in[nin++].s = sdpa__tensor_span(t); } } while (0)
         MHA_IN_T("query", query);
@@ -704,14 +685,8 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
             outs[nout].s.lo = (uintptr_t)o->workspace;
             outs[nout++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
         }
-        for (int a = 0; a < nout; ++a) {
-            for (int b = 0; b < nin; ++b)
-                if (sdpa__spans_overlap(outs[a].s, in[b].s))
-                    return sdpa__fail(SDPA_ERR_OVERLAP, "%s: %s (written) overlaps input %s", fn, outs[a].name, in[b].name);
-            for (int b = a + 1; b < nout; ++b)
-                if (sdpa__spans_overlap(outs[a].s, outs[b].s))
-                    return sdpa__fail(SDPA_ERR_OVERLAP, "%s: %s overlaps %s (both written)", fn, outs[a].name, outs[b].name);
-        }
+        if ((st = sdpa__check_overlaps(fn, in, nin, outs, nout)) != SDPA_OK)
+            return st;
     }
     return SDPA_OK;
 }
@@ -777,22 +752,30 @@ static void build_mask(const mha_plan *pl, uint8_t *m) {
     const int64_t *s = pl->mshape;
     const uint8_t *am = o->attn_mask ? o->attn_mask->data : NULL;
     const uint8_t *kpm = o->key_padding_mask ? o->key_padding_mask->data : NULL;
+    /* causal and key lengths over the S real keys: the structural rule of rules.c */
+    sdpa__rules rules;
+    memset(&rules, 0, sizeof rules);
+    rules.L = pl->L;
+    rules.S = pl->S;
+    rules.causal = pl->mask_causal;
+    rules.alignment = SDPA_ALIGN_TOP_LEFT;
+    rules.window_left = rules.window_right = -1;
+    rules.key_lengths = pl->mask_klen ? o->key_lengths : NULL;
     for (int64_t b = 0; b < s[0]; ++b)
         for (int64_t h = 0; h < s[1]; ++h)
             for (int64_t i = 0; i < s[2]; ++i) {
                 uint8_t *row = m + ((b * s[1] + h) * s[2] + i) * s[3];
+                int64_t lo, hi;
+                sdpa__rule_range(&rules, b, i, &lo, &hi);
                 for (int64_t j = 0; j < s[3]; ++j) {
                     bool ok = true;
                     if (j < pl->S) { /* the appended keys j >= S are always allowed */
-                        if (pl->has_am)
+                        ok = j >= lo && j < hi;
+                        if (ok && pl->has_am)
                             ok = am[b * pl->am_strides[0] + h * pl->am_strides[1] + i * pl->am_strides[2] +
                                     j * pl->am_strides[3]] != 0;
                         if (ok && pl->has_kpm)
                             ok = kpm[b * pl->kpm_strides[0] + j * pl->kpm_strides[1]] != 0;
-                        if (ok && pl->mask_klen)
-                            ok = j < o->key_lengths[b];
-                        if (ok && pl->mask_causal)
-                            ok = j <= i;
                     }
                     row[j] = ok ? 1 : 0;
                 }
@@ -832,7 +815,10 @@ static bool all_finite(const sdpa_tensor *t) {
 }
 
 static bool row_is_padding(const mha_plan *pl, int64_t b, int64_t i) {
-    return pl->o.query_lengths != NULL && i >= pl->o.query_lengths[b];
+    sdpa__rules r;
+    memset(&r, 0, sizeof r);
+    r.query_lengths = pl->o.query_lengths;
+    return sdpa__rule_is_padding(&r, b, i);
 }
 
 /* out = Ao W_o^T + b_o; padding query rows exactly 0. */
@@ -995,7 +981,13 @@ SDPA_API sdpa_status sdpa_mha_forward(const sdpa_mha_params *params, const sdpa_
     } else if (attn_weights) {
         wout = attn_weights; /* per head: written by sdpa_attention only once its checks pass */
     }
-    st = sdpa_attention(&a.q, &a.k, &a.v, &a.opt, &a.o, wout, NULL);
+    {
+        sdpa__plan ap;
+        sdpa_options ao;
+        st = sdpa__plan_make(&a.q, &a.k, &a.v, &a.opt, &a.o, wout, NULL, false, &ap, &ao);
+        if (st == SDPA_OK)
+            st = sdpa__attention_planned(&ap, ao.workspace, ao.workspace_bytes);
+    }
     if (st != SDPA_OK) {
         st = rewrap(fn, st);
         free(owned);

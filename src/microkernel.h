@@ -1,4 +1,5 @@
-/* Micro-kernels of the tiled and decode paths: one table per instruction set, chosen per call.
+/* Micro-kernels of the tiled and decode paths: one table per instruction set (and tile dtype),
+ * looked up in dispatch.c.
  * Tile products never go through BLAS (OpenBLAS would start and synchronise its threads for
  * each tiny product); these loops are the whole arithmetic of the two paths.
  *
@@ -84,12 +85,6 @@ void sdpa__avx2_unpack_lanes(const float *t, int64_t ld, int64_t nrows, int64_t 
 #if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
 extern const sdpa__mk sdpa__mk_avx512; /* src/microkernel_avx512.c, built with -mavx512f */
 #endif
-
-/* The set for this call: the best the CPU supports (AVX-512F, else AVX2 with FMA, else
- * portable), capped by the environment variable SDPA_MAX_ISA ("portable", "avx2" or "avx512"),
- * which tests and benchmarks use to run every set on one machine. Read-only: nothing is cached
- * or written. */
-const sdpa__mk *sdpa__mk_select(void);
 
 /* Whether every element of a strided vector is finite (any stride; unit stride goes through
  * mk->all_finite). */

@@ -159,27 +159,3 @@ bool sdpa__finite_strided(const sdpa__mk *mk, const float *x, int64_t n, int64_t
             return false;
     return true;
 }
-
-const sdpa__mk *sdpa__mk_select(void) {
-    const char *cap = getenv("SDPA_MAX_ISA");
-    int level = 2; /* 0 portable, 1 avx2, 2 avx512 */
-    if (cap != NULL && strcmp(cap, "portable") == 0)
-        level = 0;
-    else if (cap != NULL && strcmp(cap, "avx2") == 0)
-        level = 1;
-#if defined(SDPA_HAVE_AVX2) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    if (level == 0)
-        return &sdpa__mk_portable;
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-        return &sdpa__mk_portable;
-#if defined(SDPA_HAVE_AVX512)
-    if (level >= 2 && __builtin_cpu_supports("avx512f"))
-        return &sdpa__mk_avx512;
-#endif
-    return &sdpa__mk_avx2;
-#else
-    (void)level;
-    return &sdpa__mk_portable;
-#endif
-}

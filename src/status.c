@@ -47,6 +47,11 @@ void sdpa__clear_error(void) { last_error[0] = '\0'; }
 
 void sdpa__set_kernel(const char *name) { last_kernel = name; }
 
+sdpa_status sdpa__fail_kv_row(int64_t b, int64_t g, int64_t j, bool value) {
+    return sdpa__fail(SDPA_ERR_NON_FINITE, "sdpa_attention: %s row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended",
+                      value ? "value" : "key", (long long)b, (long long)g, (long long)j);
+}
+
 SDPA_API unsigned sdpa_version(void) { return SDPA_VERSION_NUMBER; }
 
 SDPA_API const char *sdpa_version_string(void) { return SDPA_VERSION_STRING; }

@@ -145,6 +145,20 @@ bool sdpa__spans_overlap(sdpa__span a, sdpa__span b) {
     return a.lo < b.hi && b.lo < a.hi;
 }
 
+sdpa_status sdpa__check_overlaps(const char *fn, const sdpa__named_span *in, int nin, const sdpa__named_span *outs,
+                                int nout) {
+    for (int a = 0; a < nout; ++a) {
+        for (int b = 0; b < nin; ++b)
+            if (sdpa__spans_overlap(outs[a].s, in[b].s))
+                return sdpa__fail(SDPA_ERR_OVERLAP, "%s: %s (written) overlaps input %s", fn, outs[a].name, in[b].name);
+        for (int b = a + 1; b < nout; ++b)
+            if (sdpa__spans_overlap(outs[a].s, outs[b].s))
+                return sdpa__fail(SDPA_ERR_OVERLAP, "%s: %s overlaps %s (both written)", fn, outs[a].name,
+                                  outs[b].name);
+    }
+    return SDPA_OK;
+}
+
 sdpa_status sdpa__broadcast4(const char *fn, const char *name, int32_t rank, const int64_t *shape,
                              const int64_t *strides, const int64_t target[4], int64_t out_strides[4]) {
     static const char *const axis[4] = {"B", "Hq", "L", "S"};

@@ -1,7 +1,8 @@
 /*
  * The kernels behind sdpa_attention: the tiled (FlashAttention-2 style) path, the decode path
  * (small L, split over keys) and the reference path, each with both micro-kernel sets (AVX2
- * where the CPU has it, and the portable C set, selected with SDPA_MAX_ISA=portable). Every
+ * where the CPU has it, and the portable C set, selected through the internal ISA test hook of
+ * src/dispatch.h, which caps the ISA as SDPA_MAX_ISA=portable would). Every
  * path must agree with the float64 reference (tests/ref) and with the other paths, give the
  * same bits for any thread count, drop the same elements under dropout, never let NaN stored
  * at a blocked key reach the output, and keep its workspace free of L*S terms.
@@ -18,6 +19,7 @@
 
 #include <cmocka.h>
 
+#include "dispatch.h" /* internal: the ISA test hook (this test links the library's objects) */
 #include "test_case.h"
 #include "test_common.h"
 
@@ -41,12 +43,18 @@ static const path g_paths[] = {
 };
 #define N_PATHS ((int)(sizeof g_paths / sizeof g_paths[0]))
 
+/* Cap the micro-kernel ISA for the next calls through the library's internal test hook
+ * (SDPA_MAX_ISA is read once per process; tests/test_isa_env.c checks that path). */
 static void set_isa(const char *isa)
 {
-    if (isa) {
-        setenv("SDPA_MAX_ISA", isa, 1);
+    if (isa == NULL) {
+        sdpa__dispatch_set_max_isa_for_testing(-1);
+    } else if (strcmp(isa, "portable") == 0) {
+        sdpa__dispatch_set_max_isa_for_testing(SDPA__ISA_PORTABLE);
+    } else if (strcmp(isa, "avx2") == 0) {
+        sdpa__dispatch_set_max_isa_for_testing(SDPA__ISA_AVX2);
     } else {
-        unsetenv("SDPA_MAX_ISA");
+        sdpa__dispatch_set_max_isa_for_testing(SDPA__ISA_AVX512);
     }
 }
 
@@ -1113,8 +1121,8 @@ static void kernels_no_keys_give_empty_rows(void **state)
     }
 }
 
-/* The portable set is what SDPA_MAX_ISA=portable selects, the AVX2 set what SDPA_MAX_ISA=avx2
- * selects on an AVX2 + FMA CPU; by default AVX-512F where present. All were compared with the
+/* The portable set is what the ISA cap "portable" selects, the AVX2 set what "avx2" selects on
+ * an AVX2 + FMA CPU; by default AVX-512F where present. All were compared with the
  * reference above; here the names. */
 static void kernels_micro_kernel_sets_are_selectable(void **state)
 {
@@ -1162,6 +1170,6 @@ int main(void)
         cmocka_unit_test(kernels_forced_kernel_with_weights_is_unsupported),
         cmocka_unit_test(kernels_auto_picks_the_path_by_shape),
     };
-    unsetenv("SDPA_MAX_ISA");
+    set_isa(NULL);
     return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
 }

@@ -1,0 +1,67 @@
+/* ISA detection once per process and the registry of micro-kernel tables (dispatch.h). */
+#include "dispatch.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <threads.h>
+
+/* [isa][dtype]; NULL where not compiled in (lookup falls back to a lower ISA). */
+static const sdpa__mk *const g_tables[SDPA__ISA_COUNT][SDPA__MK_DTYPE_COUNT] = {
+    [SDPA__ISA_PORTABLE] = {[SDPA__MK_F32] = &sdpa__mk_portable},
+#if defined(SDPA_HAVE_AVX2)
+    [SDPA__ISA_AVX2] = {[SDPA__MK_F32] = &sdpa__mk_avx2},
+#endif
+#if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
+    [SDPA__ISA_AVX512] = {[SDPA__MK_F32] = &sdpa__mk_avx512},
+#endif
+};
+
+static once_flag g_once = ONCE_FLAG_INIT;
+static sdpa__isa g_cpu_isa = SDPA__ISA_PORTABLE;     /* best the CPU (and the build) supports */
+static sdpa__isa g_process_isa = SDPA__ISA_PORTABLE; /* g_cpu_isa capped by SDPA_MAX_ISA */
+static atomic_int g_test_cap = -1;                   /* sdpa__dispatch_set_max_isa_for_testing */
+
+static sdpa__isa cpu_isa(void) {
+#if defined(SDPA_HAVE_AVX2) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return SDPA__ISA_PORTABLE;
+#if defined(SDPA_HAVE_AVX512)
+    if (__builtin_cpu_supports("avx512f"))
+        return SDPA__ISA_AVX512;
+#endif
+    return SDPA__ISA_AVX2;
+#else
+    return SDPA__ISA_PORTABLE;
+#endif
+}
+
+static void detect(void) {
+    g_cpu_isa = cpu_isa();
+    g_process_isa = g_cpu_isa;
+    const char *cap = getenv("SDPA_MAX_ISA"); /* once per process */
+    if (cap != NULL && strcmp(cap, "portable") == 0)
+        g_process_isa = SDPA__ISA_PORTABLE;
+    else if (cap != NULL && strcmp(cap, "avx2") == 0 && g_process_isa > SDPA__ISA_AVX2)
+        g_process_isa = SDPA__ISA_AVX2;
+}
+
+sdpa__isa sdpa__dispatch_isa(void) {
+    call_once(&g_once, detect);
+    const int cap = atomic_load_explicit(&g_test_cap, memory_order_relaxed);
+    if (cap >= 0)
+        return cap < (int)g_cpu_isa ? (sdpa__isa)cap : g_cpu_isa;
+    return g_process_isa;
+}
+
+const sdpa__mk *sdpa__dispatch_mk(sdpa__mk_dtype dtype) {
+    for (int isa = (int)sdpa__dispatch_isa(); isa >= 0; --isa)
+        if (g_tables[isa][dtype] != NULL)
+            return g_tables[isa][dtype];
+    return &sdpa__mk_portable;
+}
+
+void sdpa__dispatch_set_max_isa_for_testing(int isa) {
+    atomic_store_explicit(&g_test_cap, isa < 0 ? -1 : isa, memory_order_relaxed);
+}

@@ -1,0 +1,37 @@
+/* Instruction-set dispatch (dispatch.c): the ISA is chosen once per process (call_once): the
+ * best the CPU supports (AVX-512F, else AVX2 with FMA, else portable C), capped by the
+ * environment variable SDPA_MAX_ISA ("portable", "avx2" or "avx512"), which is read once, at
+ * the first call that needs a micro-kernel. Micro-kernel tables are looked up by [isa][dtype]:
+ * a new ISA is one row, a new storage dtype's micro-kernels one column (see load.h for the
+ * loader side of a dtype). Reading CPUID is not state a caller can see; nothing else is cached. */
+#ifndef SDPA_DISPATCH_H
+#define SDPA_DISPATCH_H
+
+#include "microkernel.h"
+
+typedef enum sdpa__isa {
+    SDPA__ISA_PORTABLE = 0,
+    SDPA__ISA_AVX2 = 1,   /* AVX2 + FMA */
+    SDPA__ISA_AVX512 = 2, /* AVX-512F (+ AVX2 + FMA) */
+    SDPA__ISA_COUNT
+} sdpa__isa;
+
+/* Micro-kernel dtypes: the dtype of the tiles the loaders hand to the micro-kernels (only f32
+ * today; a bf16 tile column comes with AVX512-BF16 / AMX). */
+typedef enum sdpa__mk_dtype {
+    SDPA__MK_F32 = 0,
+    SDPA__MK_DTYPE_COUNT
+} sdpa__mk_dtype;
+
+/* The ISA in effect: the process's choice, or the test cap if one is set. */
+sdpa__isa sdpa__dispatch_isa(void);
+/* The micro-kernel table for tiles of `dtype` at the ISA in effect (the best compiled-in
+ * table at or below it; never NULL for SDPA__MK_F32). */
+const sdpa__mk *sdpa__dispatch_mk(sdpa__mk_dtype dtype);
+
+/* Test hook (never exported): cap the ISA for the following calls of every thread, as
+ * SDPA_MAX_ISA would for a new process (still limited by the CPU); isa < 0 returns to the
+ * process's choice. Tests that run every ISA in one process use it instead of setenv. */
+void sdpa__dispatch_set_max_isa_for_testing(int isa);
+
+#endif

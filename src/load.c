@@ -1,0 +1,45 @@
+/* Loaders (load.h): storage (dtype x addressing) -> float32 rows for the kernels. */
+#include "load.h"
+#include "microkernel.h"
+
+#include <string.h>
+
+static const float *f32_row(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r) {
+    return (const float *)v->data + b * v->strides[0] + h * v->strides[1] + r * v->strides[2];
+}
+
+static sdpa__rows f32_strided_rows(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1, float *tile) {
+    const int64_t n = v->shape[3], s3 = v->strides[3];
+    sdpa__rows out;
+    if (s3 == 1 || n <= 1) { /* in place: no copy */
+        out.data = f32_row(v, b, h, r0);
+        out.stride = (ptrdiff_t)v->strides[2];
+        return out;
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *src = f32_row(v, b, h, r);
+        float *dst = tile + (r - r0) * n;
+        for (int64_t e = 0; e < n; ++e)
+            dst[e] = src[e * s3];
+    }
+    out.data = tile;
+    out.stride = (ptrdiff_t)n;
+    return out;
+}
+
+static bool f32_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int64_t b, int64_t h, int64_t r) {
+    return sdpa__finite_strided(mk, f32_row(v, b, h, r), v->shape[3], v->strides[3]);
+}
+
+static const sdpa__loader g_f32_strided = {"f32-strided", f32_strided_rows, f32_strided_row_finite};
+
+/* [addressing][sdpa_dtype]; NULL = not supported (rejected by validation before a plan). */
+static const sdpa__loader *const g_loaders[SDPA__ADDR_COUNT][3] = {
+    [SDPA__ADDR_STRIDED] = {[SDPA_DTYPE_F32] = &g_f32_strided},
+};
+
+const sdpa__loader *sdpa__loader_for(const sdpa__view4 *v, sdpa__addressing addressing) {
+    if ((int)addressing < 0 || addressing >= SDPA__ADDR_COUNT || v->dtype < 0 || v->dtype >= 3)
+        return NULL;
+    return g_loaders[addressing][v->dtype];
+}

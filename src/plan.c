@@ -1,0 +1,245 @@
+/* sdpa__plan_make: validated shapes, views and rules of an sdpa_attention call (everything that
+ * does not depend on tensor values); no kernel knowledge. */
+#include "internal.h"
+#include "load.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char FN[] = "sdpa_attention";
+
+/* Bounds that keep position arithmetic (offset + i +- window) inside int64_t: offsets are
+ * limited to 2^61, and a window wider than 2^62 is unbounded (|p - j| < 2^62 always). */
+#define SDPA__MAX_OFFSET ((int64_t)1 << 61)
+#define SDPA__MAX_WINDOW ((int64_t)1 << 62)
+
+/* The user-visible axis index of logical axis d4 (0 B, 1 H, 2 L/S, 3 E) for a view of `rank`. */
+static int user_axis(int32_t rank, int d4) { return rank == 4 ? d4 : (d4 == 0 ? 0 : d4 - 1); }
+
+static sdpa__view4 to_view4(const sdpa_tensor *t) {
+    sdpa__view4 v;
+    v.data = (float *)t->data;
+    v.dtype = (int32_t)t->dtype;
+    if (t->rank == 4) {
+        for (int d = 0; d < 4; ++d) {
+            v.shape[d] = t->shape[d];
+            v.strides[d] = t->strides[d];
+        }
+    } else { /* rank 3: [B, L, E] -> [B, 1, L, E] */
+        v.shape[0] = t->shape[0]; v.strides[0] = t->strides[0];
+        v.shape[1] = 1;           v.strides[1] = 0;
+        v.shape[2] = t->shape[1]; v.strides[2] = t->strides[1];
+        v.shape[3] = t->shape[2]; v.strides[3] = t->strides[2];
+    }
+    return v;
+}
+
+static sdpa_status expect_dim(const sdpa_tensor *t, const char *name, int d4, int64_t want,
+                              const char *ref_name, int ref_d4, int32_t ref_rank) {
+    sdpa__view4 v = to_view4(t);
+    if (v.shape[d4] == want)
+        return SDPA_OK;
+    return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s.shape[%d]=%lld does not match %s.shape[%d]=%lld", FN, name,
+                      user_axis(t->rank, d4), (long long)v.shape[d4], ref_name, user_axis(ref_rank, ref_d4),
+                      (long long)want);
+}
+
+/* Check an output view against its expected logical shape (rank of q, or q's rank - 1 for lse). */
+static sdpa_status check_output(const sdpa_tensor *t, const char *name, int32_t rank,
+                                const int64_t *want, const char *const *dims) {
+    sdpa_status st = sdpa__check_tensor(t, FN, name, rank, rank);
+    if (st != SDPA_OK)
+        return st;
+    for (int32_t d = 0; d < rank; ++d)
+        if (t->shape[d] != want[d])
+            return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s.shape[%d]=%lld, expected %s=%lld", FN, name, (int)d,
+                              (long long)t->shape[d], dims[d], (long long)want[d]);
+    return sdpa__check_output_layout(t, FN, name);
+}
+
+static sdpa_status check_lengths(const int64_t *len, int64_t B, int64_t max, const char *name,
+                                 const char *bound) {
+    if (len == NULL)
+        return SDPA_OK;
+    for (int64_t b = 0; b < B; ++b)
+        if (len[b] < 0 || len[b] > max)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->%s[%lld]=%lld is outside [0, %s=%lld]",
+                              FN, name, (long long)b, (long long)len[b], bound, (long long)max);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                             const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
+                             const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o) {
+    sdpa_status st;
+    if (q == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: query is NULL", FN);
+    if (k == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: key is NULL", FN);
+    if (v == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: value is NULL", FN);
+    if (!for_size && out == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: out is NULL", FN);
+    if ((st = sdpa__check_tensor(q, FN, "query", 3, 4)) != SDPA_OK) return st;
+    if ((st = sdpa__check_tensor(k, FN, "key", 3, 4)) != SDPA_OK) return st;
+    if ((st = sdpa__check_tensor(v, FN, "value", 3, 4)) != SDPA_OK) return st;
+    if (k->rank != q->rank || v->rank != q->rank)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: query.rank=%d, key.rank=%d, value.rank=%d must be equal", FN,
+                          (int)q->rank, (int)k->rank, (int)v->rank);
+    const int32_t rank = q->rank;
+    memset(p, 0, sizeof *p);
+    p->q = to_view4(q);
+    p->k = to_view4(k);
+    p->v = to_view4(v);
+    p->B = p->q.shape[0];
+    p->Hq = p->q.shape[1];
+    p->L = p->q.shape[2];
+    p->E = p->q.shape[3];
+    p->Hkv = p->k.shape[1];
+    p->S = p->k.shape[2];
+    p->Ev = p->v.shape[3];
+    if ((st = expect_dim(k, "key", 0, p->B, "query", 0, rank)) != SDPA_OK) return st;
+    if ((st = expect_dim(v, "value", 0, p->B, "query", 0, rank)) != SDPA_OK) return st;
+    if ((st = expect_dim(v, "value", 1, p->Hkv, "key", 1, rank)) != SDPA_OK) return st;
+    if ((st = expect_dim(v, "value", 2, p->S, "key", 2, rank)) != SDPA_OK) return st;
+    if ((st = expect_dim(k, "key", 3, p->E, "query", 3, rank)) != SDPA_OK) return st;
+    if (p->Hkv == 0 ? p->Hq != 0 : p->Hq % p->Hkv != 0)
+        return sdpa__fail(SDPA_ERR_SHAPE,
+                          "%s: query heads Hq=query.shape[1]=%lld is not a multiple of key heads Hkv=key.shape[1]=%lld",
+                          FN, (long long)p->Hq, (long long)p->Hkv);
+    p->group = p->Hkv == 0 ? 1 : p->Hq / p->Hkv;
+    if (p->L > INT32_MAX || p->S > INT32_MAX || p->E > INT32_MAX || p->Ev > INT32_MAX)
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: L=%lld, S=%lld, E=%lld, Ev=%lld must each fit in 32 bits (BLAS dimensions)",
+                          FN, (long long)p->L, (long long)p->S, (long long)p->E, (long long)p->Ev);
+    if (p->E == 0)
+        return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: head width E=query.shape[%d]=0 (the default scale 1/sqrt(E) is undefined)",
+                          FN, rank - 1);
+
+    if ((st = sdpa__options_read(FN, opt_in, o)) != SDPA_OK) return st;
+
+    /* Outputs. */
+    if (!for_size) {
+        static const char *const d4[] = {"B", "Hq", "L", "Ev"}, *const d3[] = {"B", "L", "Ev"};
+        static const char *const w4[] = {"B", "Hq", "L", "S"}, *const w3[] = {"B", "L", "S"};
+        static const char *const l3[] = {"B", "Hq", "L"}, *const l2[] = {"B", "L"};
+        int64_t want_out[4], want_w[4], want_l[3];
+        if (rank == 4) {
+            int64_t a[4] = {p->B, p->Hq, p->L, p->Ev}, b[4] = {p->B, p->Hq, p->L, p->S}, c[3] = {p->B, p->Hq, p->L};
+            memcpy(want_out, a, sizeof a); memcpy(want_w, b, sizeof b); memcpy(want_l, c, sizeof c);
+        } else {
+            int64_t a[3] = {p->B, p->L, p->Ev}, b[3] = {p->B, p->L, p->S}, c[2] = {p->B, p->L};
+            memcpy(want_out, a, sizeof a); memcpy(want_w, b, sizeof b); memcpy(want_l, c, sizeof c);
+        }
+        if ((st = check_output(out, "out", rank, want_out, rank == 4 ? d4 : d3)) != SDPA_OK) return st;
+        p->out = to_view4(out);
+        if (weights != NULL) {
+            if ((st = check_output(weights, "weights", rank, want_w, rank == 4 ? w4 : w3)) != SDPA_OK) return st;
+            p->has_weights = true;
+            p->weights = to_view4(weights);
+        }
+        if (lse != NULL) {
+            if ((st = check_output(lse, "lse", rank - 1, want_l, rank == 4 ? l3 : l2)) != SDPA_OK) return st;
+            p->has_lse = true;
+            p->lse = (float *)lse->data;
+            if (rank == 4) {
+                p->lse_strides[0] = lse->strides[0]; p->lse_strides[1] = lse->strides[1]; p->lse_strides[2] = lse->strides[2];
+            } else {
+                p->lse_strides[0] = lse->strides[0]; p->lse_strides[1] = 0; p->lse_strides[2] = lse->strides[1];
+            }
+        }
+    }
+
+    if ((st = sdpa__options_check(FN, o)) != SDPA_OK) return st;
+    if (o->alignment == SDPA_ALIGN_OFFSETS) {
+        if (o->query_offsets == NULL && p->B > 0)
+            return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->alignment is SDPA_ALIGN_OFFSETS but query_offsets is NULL", FN);
+        for (int64_t b = 0; b < p->B; ++b)
+            if (o->query_offsets[b] < -SDPA__MAX_OFFSET || o->query_offsets[b] > SDPA__MAX_OFFSET)
+                return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->query_offsets[%lld]=%lld is out of range", FN,
+                                  (long long)b, (long long)o->query_offsets[b]);
+    }
+    if ((st = check_lengths(o->key_lengths, p->B, p->S, "key_lengths", "S")) != SDPA_OK) return st;
+    if ((st = check_lengths(o->query_lengths, p->B, p->L, "query_lengths", "L")) != SDPA_OK) return st;
+
+    const int64_t target[4] = {p->B, p->Hq, p->L, p->S};
+    if (o->allow_mask != NULL) {
+        const sdpa_allow_mask *m = o->allow_mask;
+        if ((st = sdpa__check_mask(FN, "allow_mask", m)) != SDPA_OK) return st;
+        if ((st = sdpa__broadcast4(FN, "allow_mask", m->rank, m->shape, m->strides, target, p->rules.mask.strides)) != SDPA_OK)
+            return st;
+        int64_t numel = 1;
+        for (int32_t d = 0; d < m->rank; ++d) numel *= m->shape[d];
+        p->rules.has_mask = numel > 0;
+        p->rules.mask.data = m->data;
+    }
+    if (o->bias != NULL) {
+        const sdpa_tensor *bt = o->bias;
+        if ((st = sdpa__check_tensor(bt, FN, "bias", 1, 4)) != SDPA_OK) return st;
+        if ((st = sdpa__broadcast4(FN, "bias", bt->rank, bt->shape, bt->strides, target, p->rules.bias.strides)) != SDPA_OK)
+            return st;
+        int64_t numel = 1;
+        for (int32_t d = 0; d < bt->rank; ++d) numel *= bt->shape[d];
+        p->rules.has_bias = numel > 0;
+        p->rules.bias.data = bt->data;
+    }
+
+    /* Outputs must not overlap inputs or each other. */
+    if (!for_size) {
+        sdpa__named_span in[8], outs[4];
+        int nin = 0, nout = 0;
+        in[nin].name = "query"; in[nin++].s = sdpa__tensor_span(q);
+        in[nin].name = "key"; in[nin++].s = sdpa__tensor_span(k);
+        in[nin].name = "value"; in[nin++].s = sdpa__tensor_span(v);
+        if (o->bias) { in[nin].name = "bias"; in[nin++].s = sdpa__tensor_span(o->bias); }
+        if (o->allow_mask) { in[nin].name = "allow_mask"; in[nin++].s = sdpa__mask_span(o->allow_mask); }
+        if (o->key_lengths && p->B > 0) {
+            in[nin].name = "key_lengths";
+            in[nin].s.lo = (uintptr_t)o->key_lengths;
+            in[nin++].s.hi = (uintptr_t)(o->key_lengths + p->B);
+        }
+        if (o->query_lengths && p->B > 0) {
+            in[nin].name = "query_lengths";
+            in[nin].s.lo = (uintptr_t)o->query_lengths;
+            in[nin++].s.hi = (uintptr_t)(o->query_lengths + p->B);
+        }
+        if (o->alignment == SDPA_ALIGN_OFFSETS && p->B > 0) {
+            in[nin].name = "query_offsets";
+            in[nin].s.lo = (uintptr_t)o->query_offsets;
+            in[nin++].s.hi = (uintptr_t)(o->query_offsets + p->B);
+        }
+        outs[nout].name = "out"; outs[nout++].s = sdpa__tensor_span(out);
+        if (weights) { outs[nout].name = "weights"; outs[nout++].s = sdpa__tensor_span(weights); }
+        if (lse) { outs[nout].name = "lse"; outs[nout++].s = sdpa__tensor_span(lse); }
+        if (o->workspace && o->workspace_bytes > 0) { /* written too: checked like an output */
+            outs[nout].name = "workspace";
+            outs[nout].s.lo = (uintptr_t)o->workspace;
+            outs[nout++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
+        }
+        if ((st = sdpa__check_overlaps(FN, in, nin, outs, nout)) != SDPA_OK) return st;
+    }
+
+    p->load_q = sdpa__loader_for(&p->q, SDPA__ADDR_STRIDED);
+    p->load_k = sdpa__loader_for(&p->k, SDPA__ADDR_STRIDED);
+    p->load_v = sdpa__loader_for(&p->v, SDPA__ADDR_STRIDED);
+    if (p->load_q == NULL || p->load_k == NULL || p->load_v == NULL)
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: no loader reads query/key/value of these dtypes", FN);
+    p->scale = o->scale > 0.0f ? o->scale : (float)(1.0 / sqrt((double)p->E));
+    p->softcap = o->softcap;
+    p->rules.L = p->L;
+    p->rules.S = p->S;
+    p->rules.causal = o->causal;
+    p->rules.alignment = o->alignment;
+    p->rules.query_offsets = o->query_offsets;
+    /* Without sliding_window both sides are unbounded; windows beyond 2^62 are too. */
+    p->rules.window_left = !o->sliding_window || o->window_left > SDPA__MAX_WINDOW ? -1 : o->window_left;
+    p->rules.window_right = !o->sliding_window || o->window_right > SDPA__MAX_WINDOW ? -1 : o->window_right;
+    p->rules.key_lengths = o->key_lengths;
+    p->rules.query_lengths = o->query_lengths;
+    p->empty_rows = o->empty_rows;
+    p->weights_stage = o->weights_stage;
+    p->check_finite = o->skip_finite_check == 0;
+    p->num_threads = o->num_threads > 0 ? o->num_threads : sdpa__online_cpus();
+    p->kernel = o->kernel;
+    p->dropout_p = o->dropout_p;
+    p->dropout_seed = o->dropout_seed;
+    p->dropout_offset = o->dropout_offset;
+    p->row_block = p->L < 64 ? (p->L > 0 ? p->L : 1) : 64;
+    return SDPA_OK;
+}
+

@@ -1,0 +1,134 @@
+/* THE allowed-key rule: aligned position, structural key range, mask / bias -inf test, tile
+ * classifier (see rules.h). The only place the rule is written. */
+#include "rules.h"
+
+#include <string.h>
+
+int64_t sdpa__rule_position(const sdpa__rules *r, int64_t b, int64_t i) {
+    if (r->alignment == SDPA_ALIGN_BOTTOM_RIGHT) {
+        const int64_t Sb = r->key_lengths ? r->key_lengths[b] : r->S;
+        return i + Sb - (r->query_lengths ? r->query_lengths[b] : r->L);
+    }
+    if (r->alignment == SDPA_ALIGN_OFFSETS)
+        return i + r->query_offsets[b];
+    return i;
+}
+
+void sdpa__rule_band(int64_t pos, int64_t left, int64_t right, int64_t n, int64_t *lo_out, int64_t *hi_out) {
+    int64_t lo = 0, hi = n;
+    if (right >= 0 && pos + right + 1 < hi)
+        hi = pos + right + 1;
+    if (left >= 0 && pos - left > lo)
+        lo = pos - left;
+    if (hi < lo)
+        hi = lo;
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+void sdpa__rule_range(const sdpa__rules *r, int64_t b, int64_t i, int64_t *lo, int64_t *hi) {
+    const int64_t Sb = r->key_lengths ? r->key_lengths[b] : r->S;
+    if (!r->causal && r->window_left < 0 && r->window_right < 0) {
+        *lo = 0;
+        *hi = Sb;
+        return;
+    }
+    /* causal is the band's right edge at 0 (a window's right edge, >= 0, is never tighter). */
+    const int64_t right = r->causal ? 0 : r->window_right;
+    sdpa__rule_band(sdpa__rule_position(r, b, i), r->window_left, right, Sb, lo, hi);
+}
+
+bool sdpa__rule_allows(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j, int64_t lo, int64_t hi) {
+    if (j < lo || j >= hi || (r->has_mask && !sdpa__rule_mask_allows(r, b, h, i, j)))
+        return false;
+    return !r->has_bias || !sdpa__rule_bias_blocks(sdpa__rule_bias_row(r, b, h, i)[j * r->bias.strides[3]]);
+}
+
+bool sdpa__rule_row_flags(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t lo, int64_t hi, int64_t j0,
+                          int64_t n, uint8_t *allowed) {
+    const uint8_t *mrow = r->has_mask ? sdpa__rule_mask_row(r, b, h, i) : NULL;
+    const float *brow = r->has_bias ? sdpa__rule_bias_row(r, b, h, i) : NULL;
+    const int64_t ms3 = r->mask.strides[3], bs3 = r->bias.strides[3];
+    bool any = false;
+    for (int64_t t = 0; t < n; ++t) {
+        const int64_t j = j0 + t;
+        const bool ok = j >= lo && j < hi && (mrow == NULL || mrow[j * ms3] != 0) &&
+                        (brow == NULL || !sdpa__rule_bias_blocks(brow[j * bs3]));
+        allowed[t] = ok;
+        any = any || ok;
+    }
+    return any;
+}
+
+sdpa__tile_class sdpa__rule_classify_tile(const sdpa__rules *r, int64_t b, int64_t h, int64_t i0, int64_t nrows,
+                                          const int32_t *lo, const int32_t *hi, int64_t j0, int64_t j1) {
+    int64_t maxlo = j0, minhi = j1;
+    bool any = false, meets = false;
+    for (int64_t t = 0; t < nrows; ++t) {
+        if (lo[t] >= hi[t])
+            continue;
+        any = true;
+        maxlo = lo[t] > maxlo ? lo[t] : maxlo;
+        minhi = hi[t] < minhi ? hi[t] : minhi;
+        meets = meets || (lo[t] < j1 && hi[t] > j0);
+    }
+    if (!any || !meets)
+        return SDPA__TILE_NONE;
+    const bool sfull = maxlo <= j0 && minhi >= j1;
+    if (r->has_mask) { /* the mask over the structurally allowed part */
+        const int64_t ms3 = r->mask.strides[3];
+        bool any1 = false, any0 = false;
+        for (int64_t t = 0; t < nrows && !(any1 && any0); ++t) {
+            if (lo[t] >= hi[t])
+                continue;
+            const uint8_t *mrow = sdpa__rule_mask_row(r, b, h, i0 + t);
+            const int64_t s = lo[t] > j0 ? lo[t] : j0, e = hi[t] < j1 ? hi[t] : j1;
+            for (int64_t j = s; j < e; ++j) {
+                if (mrow[j * ms3])
+                    any1 = true;
+                else
+                    any0 = true;
+            }
+        }
+        if (!any1)
+            return SDPA__TILE_NONE;
+        if (any0)
+            return SDPA__TILE_PARTIAL;
+    }
+    if (r->has_bias)
+        return SDPA__TILE_PARTIAL;
+    return sfull ? SDPA__TILE_FULL : SDPA__TILE_PARTIAL_RANGE;
+}
+
+void sdpa__rule_group_keys(const sdpa__rules *r, int64_t b, int64_t h0, int64_t h1, int32_t *cnt, uint8_t *used) {
+    const int64_t S = r->S;
+    if (!r->has_mask && !r->has_bias) { /* ranges only: they do not depend on h */
+        memset(cnt, 0, (size_t)(S + 1) * sizeof *cnt);
+        for (int64_t i = 0; i < r->L && h0 < h1; ++i) {
+            int64_t lo, hi;
+            if (sdpa__rule_is_padding(r, b, i))
+                continue;
+            sdpa__rule_range(r, b, i, &lo, &hi);
+            if (lo < hi) {
+                cnt[lo]++;
+                cnt[hi]--;
+            }
+        }
+        int32_t run = 0;
+        for (int64_t j = 0; j < S; ++j) {
+            run += cnt[j];
+            used[j] = run > 0;
+        }
+        return;
+    }
+    memset(used, 0, (size_t)S);
+    for (int64_t h = h0; h < h1; ++h)
+        for (int64_t i = 0; i < r->L; ++i) {
+            int64_t lo, hi;
+            if (sdpa__rule_is_padding(r, b, i))
+                continue;
+            sdpa__rule_range(r, b, i, &lo, &hi);
+            for (int64_t j = lo; j < hi; ++j)
+                used[j] = used[j] || sdpa__rule_allows(r, b, h, i, j, lo, hi);
+        }
+}

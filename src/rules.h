@@ -1,0 +1,93 @@
+/* THE allowed-key rule (DESIGN section 4, step 4), shared by every user: the plan fills one
+ * sdpa__rules, and the value checks, the kernels, the double fallback, the mask builders
+ * (mask.c) and the MHA layer's mask builder (mha.c) ask these functions; nobody re-derives the
+ * aligned position, the structural key range or the mask / bias -inf test. The functions live
+ * in rules.c; the one-element accessors below are inline because kernels call them per key. */
+#ifndef SDPA_RULES_H
+#define SDPA_RULES_H
+
+#include "sdpa.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A validated allow-mask or bias broadcast to [B, Hq, L, S]: strides 0 on broadcast dims. */
+typedef struct sdpa__bcast4 {
+    const void *data;
+    int64_t strides[4];
+} sdpa__bcast4;
+
+/* Everything that decides whether key j may take part in query row (b, h, i). */
+typedef struct sdpa__rules {
+    int64_t L, S;                               /* query rows and keys per (b, h) */
+    int causal;                                 /* 0 or 1: j <= p */
+    int alignment;                              /* sdpa_alignment: how p is derived from i */
+    const int64_t *query_offsets;               /* [B], SDPA_ALIGN_OFFSETS only */
+    int64_t window_left, window_right;          /* p - left <= j <= p + right; -1 = unbounded */
+    const int64_t *key_lengths, *query_lengths; /* [B] or NULL */
+    bool has_mask; sdpa__bcast4 mask;           /* uint8, nonzero = allowed */
+    bool has_bias; sdpa__bcast4 bias;           /* float32, -inf blocks */
+} sdpa__rules;
+
+/* Tile classes (sdpa__rule_classify_tile). */
+typedef enum sdpa__tile_class {
+    SDPA__TILE_NONE = 0,          /* no row may attend a key of the tile: skip it */
+    SDPA__TILE_FULL = 1,          /* every row of the tile's row set may attend every key */
+    SDPA__TILE_PARTIAL_RANGE = 2, /* partial, by the structural ranges only (mask all 1 there, no bias) */
+    SDPA__TILE_PARTIAL = 3        /* partial per element (allow-mask or bias decide) */
+} sdpa__tile_class;
+
+/* The aligned position p(b, i): i (TOP_LEFT), i + S_b - L_b (BOTTOM_RIGHT, S_b = key_lengths[b]
+ * or S, L_b = query_lengths[b] or L), i + query_offsets[b] (OFFSETS). */
+int64_t sdpa__rule_position(const sdpa__rules *r, int64_t b, int64_t i);
+
+/* Keys [lo, hi) of a band pos - left <= j <= pos + right (left, right < 0: unbounded) inside
+ * [0, n); lo >= hi means none (then hi == lo, and lo may exceed n). */
+void sdpa__rule_band(int64_t pos, int64_t left, int64_t right, int64_t n, int64_t *lo, int64_t *hi);
+
+/* Structural key range [lo, hi) of row i of batch b: causal, window and key lengths; lo >= hi
+ * means no key. Padding rows (sdpa__rule_is_padding) are not special-cased here. */
+void sdpa__rule_range(const sdpa__rules *r, int64_t b, int64_t i, int64_t *lo, int64_t *hi);
+
+/* Rows i >= query_lengths[b] are padding: out and weights zero, lse -inf, never checked. */
+static inline bool sdpa__rule_is_padding(const sdpa__rules *r, int64_t b, int64_t i) {
+    return r->query_lengths != NULL && i >= r->query_lengths[b];
+}
+
+/* The allow-mask row of (b, h, i) (element j at j * mask.strides[3]); has_mask must hold. */
+static inline const uint8_t *sdpa__rule_mask_row(const sdpa__rules *r, int64_t b, int64_t h, int64_t i) {
+    return (const uint8_t *)r->mask.data + b * r->mask.strides[0] + h * r->mask.strides[1] + i * r->mask.strides[2];
+}
+static inline bool sdpa__rule_mask_allows(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return sdpa__rule_mask_row(r, b, h, i)[j * r->mask.strides[3]] != 0;
+}
+/* The bias row of (b, h, i) (element j at j * bias.strides[3]); has_bias must hold. */
+static inline const float *sdpa__rule_bias_row(const sdpa__rules *r, int64_t b, int64_t h, int64_t i) {
+    return (const float *)r->bias.data + b * r->bias.strides[0] + h * r->bias.strides[1] + i * r->bias.strides[2];
+}
+/* A bias value blocks its key iff it is -inf (any other value is added to the score). */
+static inline bool sdpa__rule_bias_blocks(float bv) { return bv == -INFINITY; }
+
+/* The whole rule for one pair, given the row's structural range [lo, hi): range, allow-mask,
+ * bias not -inf. */
+bool sdpa__rule_allows(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j, int64_t lo, int64_t hi);
+
+/* allowed[t] = sdpa__rule_allows(.., j0 + t, lo, hi) for t < n; returns whether any is set. */
+bool sdpa__rule_row_flags(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t lo, int64_t hi, int64_t j0,
+                          int64_t n, uint8_t *allowed);
+
+/* Class of the tile rows i0 + [0, nrows) x keys [j0, j1) of (b, h). lo[t], hi[t] are row
+ * i0 + t's structural range (sdpa__rule_range, clipped to the caller's key span if it wants);
+ * rows with lo >= hi (padding, empty) take no part. FULL and PARTIAL_RANGE do not read the
+ * bias; an allow-mask is scanned over the structurally allowed part only. */
+sdpa__tile_class sdpa__rule_classify_tile(const sdpa__rules *r, int64_t b, int64_t h, int64_t i0, int64_t nrows,
+                                          const int32_t *lo, const int32_t *hi, int64_t j0, int64_t j1);
+
+/* used[j] = 1 for the keys j in [0, S) that some non-padding row i of (b, heads [h0, h1))
+ * may attend (the rule: range, mask, bias not -inf), 0 otherwise. cnt: S + 1 int32 of
+ * scratch. */
+void sdpa__rule_group_keys(const sdpa__rules *r, int64_t b, int64_t h0, int64_t h1, int32_t *cnt, uint8_t *used);
+
+#endif
