@@ -764,6 +764,31 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mha_workspace_size(const sdpa_mha_param
                                                             const sdpa_mha_options *options,
                                                             int weights_requested, size_t *bytes);
 
+/* ------------------------------------------------------------------- AMX (0.4) */
+
+/**
+ * Ask Linux for this process's permission to use Intel AMX tile data (the application's
+ * explicit opt-in; libsdpa never asks on its own, DESIGN.md section 7). AMX-BF16 kernels are
+ * used only once permission is granted (see sdpa_amx_available()).
+ *
+ * It calls arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 18), as the Linux kernel's
+ * Documentation/arch/x86/xstate.rst describes. The permission is per process, lasts for its
+ * life and cannot be revoked; afterwards every thread's signal frames are about 8 KiB larger
+ * (size alternate signal stacks from getauxval(AT_MINSIGSTKSZ)). Idempotent; thread-safe.
+ * @retval SDPA_OK          permission granted (now or earlier)
+ * @retval SDPA_ERR_UNSUPPORTED the CPU lacks AMX-TILE or AMX-BF16 (CPUID leaf 7 EDX bits 24 and
+ *                          22) or the OS does not enable their state (XCR0 bits 17, 18), Linux
+ *                          refused (the message gives errno), or the OS is not x86 Linux.
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_request_amx(void);
+
+/**
+ * @return 1 iff the CPU has AMX-TILE and AMX-BF16 with OS support AND this process already has
+ *         the permission (arch_prctl ARCH_GET_XCOMP_PERM reports XTILEDATA); 0 otherwise.
+ *         Never requests the permission itself and never fails; thread-safe.
+ */
+SDPA_API int sdpa_amx_available(void);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
