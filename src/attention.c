@@ -228,6 +228,13 @@ static sdpa_status make_plan(const sdpa_tensor *q, const sdpa_tensor *k, const s
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->kernel=%d is not an sdpa_kernel", FN, (int)o->kernel);
     if (o->reserved0 != 0)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->reserved0=%d must be 0", FN, (int)o->reserved0);
+    if (o->precision < SDPA_PRECISION_DEFAULT || o->precision > SDPA_PRECISION_REDUCED)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->precision=%d is not an sdpa_precision", FN,
+                          (int)o->precision);
+    if (o->reserved1 != 0)
+        return sdpa__fail(SDPA_ERR_STRUCT_VERSION,
+                          "%s: options->reserved1=%d is not 0 (a field libsdpa %s does not know)", FN,
+                          (int)o->reserved1, SDPA_VERSION_STRING);
     if (o->alignment == SDPA_ALIGN_OFFSETS) {
         if (o->query_offsets == NULL && p->B > 0)
             return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->alignment is SDPA_ALIGN_OFFSETS but query_offsets is NULL", FN);
