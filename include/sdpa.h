@@ -320,26 +320,26 @@ typedef enum sdpa_kernel {
  *
  * For output element (b, h, i, d) of a row with n allowed keys, with u = 2^-24:
  *   V  = max |v[b, h / (Hq/Hkv), j, d]| over the allowed keys j, divided by (1 - dropout_p);
- *   A  = max over allowed j of |scale| * sum_e |q[b,h,i,e] * k[b,h',j,e]|;
+ *   A  = max over allowed j of |scale| * sum_e |q[b,h,i,e] * k[b,h / (Hq/Hkv),j,e]|;
  *   T  = max over allowed j of |s_ij| (the final score: after softcap and bias);
- *   δ  = (E + 2) * u * A + 8 * u * T            (a bound on the float32 error of each score);
- *   r  = the rounding of out to its dtype: 0 for F32; 2^-11 * V + 2^-25 for F16;
- *        2^-8 * V + 2^-134 for BF16 (half an ulp of the value; subnormal quantum below).
+ *   δ  = (E + 2) * u * A + 8 * u * T             (bounds the float32 error of every score).
+ * The out error is err + r, where err is the float32 error of the row and r the one rounding of out
+ * to its dtype: r = 0 for F32, 2^-11 * (V + err) + 2^-25 for F16, 2^-8 * (V + err) + 2^-134 for BF16
+ * (half an ulp of |out| <= V + err; half the subnormal quantum below the normal range).
  * SDPA_PRECISION_DEFAULT and SDPA_PRECISION_F32:
- *   |out - ref| <= V * ((e^(2δ) - 1) + (3n + 32) * u) + r
- *   (e^(2δ) - 1 bounds how far the score errors move the probabilities: each w_ij changes by a
- *   factor within e^(±2δ); (3n + 32) u covers exp, the running sum l, the P.V sum and the
- *   online rescaling, each a float32 sum over at most n terms.)
+ *   err = V * ((exp(2δ) - 1) + (3n + 32) * u)
+ *   (the score errors move each probability by a factor within exp(±2δ); (3n + 32) u covers exp,
+ *   the row sum, the P.V sum and the online rescaling, float32 sums of at most n terms each);
  *   |lse - ref| <= δ + (n + 32) * u + u * |ref|.
- * SDPA_PRECISION_REDUCED adds to the out bound
+ * SDPA_PRECISION_REDUCED: err gains
  *   2 * (u_V + n * t_V) * V,   u_V = 2^-11 (f16 V), 2^-8 (bf16 V), 0 (f32 V);
  *                              t_V = 2^-25 (f16 V), 2^-126 (bf16 V), 0 (f32 V)
- *   (each probability in [0, 1] rounded to V's dtype: relative error u_V, or absolute t_V where
- *   it is subnormal/flushed; the factor 2 allows the row sum to use the rounded values), and to
- *   both δ, when q and k are both bf16 and bf16 dot products are used, |scale| * E * 2^-126 plus
- *   |scale| * sum |q_e k_je| over the terms where q_e or k_je is a bf16 subnormal (VDPBF16PS and
- *   AMX read subnormals as 0). REDUCED never rounds a q or k value: bf16 products are used only
- *   when both are stored as bf16; f32 or f16 Q/K keep the F32 score arithmetic.
+ *   (each probability, in [0, 1], rounded to V's dtype: relative error u_V, or absolute t_V
+ *   where it is subnormal or flushed; the factor 2 lets the row sum use the rounded values), and
+ *   lse gains u_V + n * t_V. When q and k are both bf16 and bf16 dot products are used, δ gains
+ *   |scale| * E * 2^-126 plus |scale| * sum_e |q_e * k_je| over the terms where q_e or k_je is a
+ *   bf16 subnormal (VDPBF16PS and AMX read subnormals as 0). REDUCED never rounds a q or k
+ *   value: f32 or f16 q/k keep the F32 score arithmetic.
  * An f16 out cannot hold |x| >= 65520: such values become +-Inf (f16's range), not an error.
  */
 typedef enum sdpa_precision {
@@ -350,7 +350,7 @@ typedef enum sdpa_precision {
     SDPA_PRECISION_F32 = 1,
     /** The kernel may round the probabilities to V's storage dtype for P.V (as FlashAttention and
      *  PyTorch's CPU flash kernel do) and use bf16 dot products (AVX512-BF16 VDPBF16PS, AMX-BF16)
-     *  when q and k are bf16. With f32 V it equals F32. */
+     *  when q and k are both bf16. With f32 V the probabilities stay float32. */
     SDPA_PRECISION_REDUCED = 2,
     SDPA_PRECISION_FORCE_INT32_ = 0x7FFFFFFF
 } sdpa_precision;

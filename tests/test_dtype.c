@@ -5,6 +5,7 @@
  * options.precision field (values, validation, 0.3-sized structs).
  */
 #include <math.h>
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -331,6 +332,127 @@ static void precision_absent_from_older_structs(void **state)
         assert_int_equal(raw[b], 0xA5);
 }
 
+/* ------------------------------------------------- the header's F32 bound */
+
+static uint64_t g_rng = 0x1234567ull;
+static double urand(void) /* uniform in [-1, 1) */
+{
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(g_rng >> 11) / 4503599627370496.0 - 1.0;
+}
+
+/* The float32 paths (every kernel that serves the call, at the ISA SDPA_MAX_ISA allows) stay
+ * within the SDPA_PRECISION_F32 bound stated in sdpa.h, against a float64 evaluation here, on
+ * random shapes straddling the 64-row/64-key tiles, with causal, softcap and GQA. Prints the
+ * largest observed error / bound ratio. */
+static void f32_paths_within_header_bound(void **state)
+{
+    (void)state;
+    const int kernels[3] = {SDPA_KERNEL_REFERENCE, SDPA_KERNEL_TILED, SDPA_KERNEL_DECODE};
+    const char *kn[3] = {"reference", "tiled", "decode"};
+    const double u = 1.0 / 16777216.0;
+    double worst[3] = {0, 0, 0};
+    int runs[3] = {0, 0, 0};
+    const char *isa = getenv("SDPA_MAX_ISA");
+    for (int c = 0; c < 24; ++c) {
+        const int64_t B = 1 + c % 2, Hkv = 1 + (c / 2) % 2, group = 1 + (c / 4) % 2, Hq = Hkv * group;
+        const int64_t L = (c % 3 == 0) ? 1 + c % 4 : 50 + (c * 37) % 90, S = L + (c * 53) % 150;
+        const int64_t E = 8 + (c * 11) % 70, Ev = 4 + (c * 7) % 60;
+        const int causal = c % 2, soft = (c % 5 == 0);
+        const double amp = (c % 3 == 1) ? 4.0 : 1.0;
+        const size_t nq = (size_t)(B * Hq * L * E), nk = (size_t)(B * Hkv * S * E), nv = (size_t)(B * Hkv * S * Ev);
+        const size_t no = (size_t)(B * Hq * L * Ev), nl = (size_t)(B * Hq * L);
+        float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nv * 4), *o = malloc(no * 4), *l = malloc(nl * 4);
+        assert_true(q && k && v && o && l);
+        for (size_t i = 0; i < nq; ++i) q[i] = (float)(amp * urand());
+        for (size_t i = 0; i < nk; ++i) k[i] = (float)(amp * urand());
+        for (size_t i = 0; i < nv; ++i) v[i] = (float)urand();
+        sdpa_tensor tq, tk, tv, to, tl;
+        assert_int_equal(sdpa_tensor_init_4d(&tq, q, B, Hq, L, E), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init_4d(&tk, k, B, Hkv, S, E), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init_4d(&tv, v, B, Hkv, S, Ev), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init_4d(&to, o, B, Hq, L, Ev), SDPA_OK);
+        const int64_t ls[3] = {B, Hq, L};
+        assert_int_equal(sdpa_tensor_init(&tl, l, 3, ls), SDPA_OK);
+        sdpa_options opt;
+        sdpa_options_init(&opt);
+        opt.causal = causal;
+        opt.alignment = SDPA_ALIGN_BOTTOM_RIGHT; /* every row has a key */
+        opt.softcap = soft ? 2.5f : 0.0f;
+        opt.precision = SDPA_PRECISION_F32;
+        const double scale = 1.0 / sqrt((double)E), cap = soft ? 2.5 : 0.0;
+        double *sc = malloc((size_t)S * 8);
+        assert_non_null(sc);
+        for (int kk = 0; kk < 3; ++kk) {
+            opt.kernel = kernels[kk];
+            const sdpa_status st = sdpa_attention(&tq, &tk, &tv, &opt, &to, NULL, &tl);
+            if (st == SDPA_ERR_UNSUPPORTED)
+                continue; /* this kernel does not serve the shape */
+            expect_status(st, SDPA_OK, NULL, kn[kk]);
+            ++runs[kk];
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t h = 0; h < Hq; ++h)
+                    for (int64_t i = 0; i < L; ++i) {
+                        const int64_t hk = h / group, p = i + S - L;
+                        const int64_t n = causal ? (p + 1 < S ? p + 1 : S) : S;
+                        double A = 0.0, T = 0.0, m = -INFINITY;
+                        for (int64_t j = 0; j < n; ++j) {
+                            double dot = 0.0, mag = 0.0;
+                            for (int64_t e = 0; e < E; ++e) {
+                                const double x = (double)q[((b * Hq + h) * L + i) * E + e] *
+                                                 (double)k[((b * Hkv + hk) * S + j) * E + e];
+                                dot += x;
+                                mag += fabs(x);
+                            }
+                            double sv = scale * dot;
+                            if (cap > 0.0)
+                                sv = cap * tanh(sv / cap);
+                            sc[j] = sv;
+                            A = fmax(A, scale * mag);
+                            T = fmax(T, fabs(sv));
+                            m = fmax(m, sv);
+                        }
+                        double sum = 0.0;
+                        for (int64_t j = 0; j < n; ++j)
+                            sum += exp(sc[j] - m);
+                        const double delta = (double)(E + 2) * u * A + 8.0 * u * T;
+                        const double lref = m + log(sum);
+                        const double lerr = fabs((double)l[(b * Hq + h) * L + i] - lref);
+                        const double lbound = delta + (double)(n + 32) * u + u * fabs(lref);
+                        if (!(lerr <= lbound))
+                            fail_msg("%s: lse (%lld,%lld,%lld) error %.3g > bound %.3g", kn[kk], (long long)b,
+                                     (long long)h, (long long)i, lerr, lbound);
+                        worst[kk] = fmax(worst[kk], lerr / lbound);
+                        for (int64_t d = 0; d < Ev; ++d) {
+                            double ref = 0.0, V = 0.0;
+                            for (int64_t j = 0; j < n; ++j) {
+                                const double vj = (double)v[((b * Hkv + hk) * S + j) * Ev + d];
+                                ref += exp(sc[j] - m) / sum * vj;
+                                V = fmax(V, fabs(vj));
+                            }
+                            const double bound = V * (expm1(2.0 * delta) + (double)(3 * n + 32) * u);
+                            const double err = fabs((double)o[((b * Hq + h) * L + i) * Ev + d] - ref);
+                            if (!(err <= bound))
+                                fail_msg("%s: out (%lld,%lld,%lld,%lld) error %.3g > bound %.3g", kn[kk], (long long)b,
+                                         (long long)h, (long long)i, (long long)d, err, bound);
+                            if (bound > 0)
+                                worst[kk] = fmax(worst[kk], err / bound);
+                        }
+                    }
+        }
+        free(sc);
+        free(q);
+        free(k);
+        free(v);
+        free(o);
+        free(l);
+    }
+    for (int kk = 0; kk < 3; ++kk)
+        printf("F32 bound (SDPA_MAX_ISA=%s): %s ran %d cases, largest error/bound %.3f\n", isa ? isa : "unset", kn[kk],
+               runs[kk], worst[kk]);
+    assert_true(runs[0] > 0 && runs[1] > 0 && runs[2] > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -342,6 +464,7 @@ int main(void)
         cmocka_unit_test(attention_names_reduced_precision_views),
         cmocka_unit_test(precision_values_and_validation),
         cmocka_unit_test(precision_absent_from_older_structs),
+        cmocka_unit_test(f32_paths_within_header_bound),
     };
     return cmocka_run_group_tests_name("dtype", tests, NULL, NULL);
 }
