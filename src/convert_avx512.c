@@ -62,7 +62,12 @@ void sdpa__avx512_widen_bf16(const uint16_t *src, ptrdiff_t stride, int64_t n, f
 }
 
 void sdpa__avx512_narrow_f16(const float *src, int64_t n, uint16_t *dst, ptrdiff_t stride) {
-    for (int64_t t = 0; t < n; t += 16) {
+    int64_t t = 0;
+    if (stride == 1)
+        for (; t + 16 <= n; t += 16)
+            _mm256_storeu_si256((__m256i *)(dst + t),
+                                _mm512_cvtps_ph(_mm512_loadu_ps(src + t), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; t < n; t += 16) {
         const __mmask16 k = tail16(n - t);
         const __m512 x = _mm512_maskz_loadu_ps(k, src + t);
         store16(dst + t * stride, stride, k, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -79,7 +84,12 @@ AI __m512i bf16_round(__m512i u) {
 }
 
 void sdpa__avx512_narrow_bf16(const float *src, int64_t n, uint16_t *dst, ptrdiff_t stride) {
-    for (int64_t t = 0; t < n; t += 16) {
+    int64_t t = 0;
+    if (stride == 1)
+        for (; t + 16 <= n; t += 16)
+            _mm256_storeu_si256((__m256i *)(dst + t),
+                                _mm512_cvtepi32_epi16(bf16_round(_mm512_castps_si512(_mm512_loadu_ps(src + t)))));
+    for (; t < n; t += 16) {
         const __mmask16 k = tail16(n - t);
         const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, src + t));
         store16(dst + t * stride, stride, k, _mm512_cvtepi32_epi16(bf16_round(u)));

@@ -9,6 +9,11 @@ static void widen_f16(const uint16_t *src, ptrdiff_t stride, int64_t n, float *d
 }
 
 static void widen_bf16(const uint16_t *src, ptrdiff_t stride, int64_t n, float *dst) {
+    if (stride == 1) {
+        for (int64_t t = 0; t < n; ++t)
+            dst[t] = sdpa__bf16_to_f32(src[t]);
+        return;
+    }
     for (int64_t t = 0; t < n; ++t)
         dst[t] = sdpa__bf16_to_f32(src[t * stride]);
 }
@@ -27,6 +32,11 @@ static void narrow_bf16(const float *src, int64_t n, uint16_t *dst, ptrdiff_t st
  * on where a non-finite value sits (and the loop vectorises). */
 static bool finite_f16(const uint16_t *x, ptrdiff_t stride, int64_t n) {
     unsigned bad = 0;
+    if (stride == 1) {
+        for (int64_t t = 0; t < n; ++t)
+            bad |= (x[t] & 0x7C00u) == 0x7C00u;
+        return bad == 0;
+    }
     for (int64_t t = 0; t < n; ++t)
         bad |= (x[t * stride] & 0x7C00u) == 0x7C00u;
     return bad == 0;
@@ -34,6 +44,11 @@ static bool finite_f16(const uint16_t *x, ptrdiff_t stride, int64_t n) {
 
 static bool finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n) {
     unsigned bad = 0;
+    if (stride == 1) {
+        for (int64_t t = 0; t < n; ++t)
+            bad |= (x[t] & 0x7F80u) == 0x7F80u;
+        return bad == 0;
+    }
     for (int64_t t = 0; t < n; ++t)
         bad |= (x[t * stride] & 0x7F80u) == 0x7F80u;
     return bad == 0;
