@@ -119,6 +119,20 @@ bool sdpa__avx512_finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n);
 extern const sdpa__convert sdpa__convert_avx512bf16;
 #endif
 
+/* ---- row helpers over any storage dtype (what the loaders call) ---- */
+
+/* dst[r * ld + c] = src[r * rs + c * cs] widened to f32, for r < rows, c < cols; `dtype` is the
+ * sdpa_dtype of src (F32: a strided copy). Strides in elements of src; any sign, 0 allowed. */
+void sdpa__widen_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,
+                      int64_t cols, float *dst, int64_t ld);
+/* dst[r * rs + c * cs] = src[r * ld + c] rounded to `dtype` (nearest even; F32: a copy). */
+void sdpa__narrow_rows(const sdpa__convert *cv, int dtype, const float *src, int64_t ld, int64_t rows, int64_t cols,
+                       void *dst, ptrdiff_t rs, ptrdiff_t cs);
+/* Whether every src[r * rs + c * cs] (F16 or BF16 encodings) is finite. F32 data is scanned by
+ * the micro-kernel tables' all_finite; passing F32 here is a bug and returns false. */
+bool sdpa__finite_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,
+                       int64_t cols);
+
 /* The table of ISA level `isa` (SDPA__ISA_* of cpu.h), or NULL if this build or this CPU does
  * not have it. At AVX512 the AVX512-BF16 variant is returned when the CPU has AVX512-BF16. */
 const sdpa__convert *sdpa__convert_exact(int isa);

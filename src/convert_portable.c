@@ -2,6 +2,7 @@
  * ISA level. See convert.h for the semantics every table shares. */
 #include "convert.h"
 #include "cpu.h"
+#include "sdpa.h"
 
 static void widen_f16(const uint16_t *src, ptrdiff_t stride, int64_t n, float *dst) {
     for (int64_t t = 0; t < n; ++t)
@@ -90,4 +91,51 @@ const sdpa__convert *sdpa__convert_for_isa(int isa) {
             return c;
     }
     return &sdpa__convert_portable;
+}
+
+void sdpa__widen_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,
+                      int64_t cols, float *dst, int64_t ld) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float *d = dst + r * ld;
+        if (dtype == SDPA_DTYPE_F32) {
+            const float *x = (const float *)src + r * rs;
+            if (cs == 1)
+                memcpy(d, x, (size_t)cols * sizeof(float));
+            else
+                for (int64_t c = 0; c < cols; ++c)
+                    d[c] = x[c * cs];
+        } else {
+            const uint16_t *x = (const uint16_t *)src + r * rs;
+            (dtype == SDPA_DTYPE_F16 ? cv->widen_f16 : cv->widen_bf16)(x, cs, cols, d);
+        }
+    }
+}
+
+void sdpa__narrow_rows(const sdpa__convert *cv, int dtype, const float *src, int64_t ld, int64_t rows, int64_t cols,
+                       void *dst, ptrdiff_t rs, ptrdiff_t cs) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *x = src + r * ld;
+        if (dtype == SDPA_DTYPE_F32) {
+            float *d = (float *)dst + r * rs;
+            if (cs == 1)
+                memcpy(d, x, (size_t)cols * sizeof(float));
+            else
+                for (int64_t c = 0; c < cols; ++c)
+                    d[c * cs] = x[c];
+        } else {
+            uint16_t *d = (uint16_t *)dst + r * rs;
+            (dtype == SDPA_DTYPE_F16 ? cv->narrow_f16 : cv->narrow_bf16)(x, cols, d, cs);
+        }
+    }
+}
+
+bool sdpa__finite_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,
+                       int64_t cols) {
+    if (dtype != SDPA_DTYPE_F16 && dtype != SDPA_DTYPE_BF16)
+        return false;
+    bool (*f)(const uint16_t *, ptrdiff_t, int64_t) = dtype == SDPA_DTYPE_F16 ? cv->finite_f16 : cv->finite_bf16;
+    bool ok = true;
+    for (int64_t r = 0; r < rows; ++r)
+        ok &= f((const uint16_t *)src + r * rs, cs, cols);
+    return ok;
 }

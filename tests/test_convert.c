@@ -609,6 +609,87 @@ static void table_choice_follows_cpu(void **state)
 #endif
 }
 
+/* The row helpers over every dtype equal the element-wise scalar conversions, with strided,
+ * reversed and broadcast sources and strided destinations; nothing outside the rows is touched. */
+static void row_helpers_match_scalar(void **state)
+{
+    (void)state;
+    collect_tables();
+    enum { R = 5, C = 37, RS = 41, N = R * RS * 2 + 64 };
+    uint16_t *h = malloc(N * 2);
+    float *f = malloc(N * 4), *dst = malloc(N * 4);
+    uint16_t *hd = malloc(N * 2);
+    float *fd = malloc(N * 4);
+    assert_true(h && f && dst && hd && fd);
+    for (int i = 0; i < N; ++i) {
+        h[i] = (uint16_t)rnd();
+        f[i] = (float)((double)(int64_t)(rnd() >> 11) / 1e12);
+    }
+    const ptrdiff_t css[3] = {1, 2, -1}, rss[2] = {RS * 2, 0};
+    for (int ti = 0; ti < g_ntables; ++ti) {
+        const sdpa__convert *t = g_tables[ti].t;
+        if (!t)
+            continue;
+        for (int dt = 0; dt < 3; ++dt) {
+            for (int a = 0; a < 3; ++a)
+                for (int b = 0; b < 2; ++b) {
+                    const ptrdiff_t cs = css[a], rs = rss[b];
+                    const int64_t base = cs < 0 ? C : 0;
+                    for (int i = 0; i < N; ++i)
+                        dst[i] = -7.0f;
+                    const void *src = dt == SDPA_DTYPE_F32 ? (const void *)(f + base) : (const void *)(h + base);
+                    sdpa__widen_rows(t, dt, src, rs, cs, R, C, dst, C + 3);
+                    for (int64_t r = 0; r < R; ++r)
+                        for (int64_t c = 0; c < C + 3; ++c) {
+                            const int64_t si = base + r * rs + c * cs;
+                            float want = -7.0f;
+                            if (c < C)
+                                want = dt == SDPA_DTYPE_F32 ? f[si] : dt == SDPA_DTYPE_F16 ? sdpa__f16_to_f32(h[si]) : sdpa__bf16_to_f32(h[si]);
+                            if (fbits(dst[r * (C + 3) + c]) != fbits(want))
+                                fail_msg("%s widen_rows dtype %d rs %td cs %td (%lld,%lld) wrong", g_tables[ti].name, dt, rs,
+                                         cs, (long long)r, (long long)c);
+                        }
+                    if (dt != SDPA_DTYPE_F32) {
+                        bool want = true;
+                        for (int64_t r = 0; r < R; ++r)
+                            for (int64_t c = 0; c < C; ++c)
+                                want &= isfinite(dt == SDPA_DTYPE_F16 ? sdpa__f16_to_f32(h[base + r * rs + c * cs])
+                                                                      : sdpa__bf16_to_f32(h[base + r * rs + c * cs]));
+                        assert_int_equal(sdpa__finite_rows(t, dt, h + base, rs, cs, R, C), want);
+                    }
+                }
+            /* narrow into a strided destination (column stride 2, row stride 2 * C + 5) */
+            for (int i = 0; i < N; ++i) {
+                hd[i] = 0xABCD;
+                fd[i] = -7.0f;
+            }
+            void *d = dt == SDPA_DTYPE_F32 ? (void *)fd : (void *)hd;
+            sdpa__narrow_rows(t, dt, f, C + 1, R, C, d, 2 * C + 5, 2);
+            for (int64_t r = 0; r < R; ++r)
+                for (int64_t c = 0; c < 2 * C + 5; ++c) {
+                    const int64_t di = r * (2 * C + 5) + c;
+                    const bool in = (c % 2 == 0) && c / 2 < C;
+                    const float x = f[r * (C + 1) + c / 2];
+                    if (dt == SDPA_DTYPE_F32) {
+                        if (fbits(fd[di]) != fbits(in ? x : -7.0f))
+                            fail_msg("%s narrow_rows f32 (%lld,%lld) wrong", g_tables[ti].name, (long long)r, (long long)c);
+                    } else {
+                        const uint16_t want = in ? (dt == SDPA_DTYPE_F16 ? sdpa__f32_to_f16(x) : sdpa__f32_to_bf16(x)) : 0xABCD;
+                        if (hd[di] != want)
+                            fail_msg("%s narrow_rows dtype %d (%lld,%lld) wrong", g_tables[ti].name, dt, (long long)r,
+                                     (long long)c);
+                    }
+                }
+        }
+        assert_false(sdpa__finite_rows(t, SDPA_DTYPE_F32, f, 1, 1, 1, 1));
+    }
+    free(h);
+    free(f);
+    free(dst);
+    free(hd);
+    free(fd);
+}
+
 /* AMX opt-in (public API): on a CPU without AMX the request fails with UNSUPPORTED and a message
  * and nothing becomes available; with AMX, a granted request makes it available. */
 static void amx_request_follows_cpu(void **state)
@@ -652,6 +733,7 @@ int main(void)
         cmocka_unit_test(narrow_f16_matches_reference),
         cmocka_unit_test(narrow_bf16_matches_reference),
         cmocka_unit_test(round_trip_is_identity),
+        cmocka_unit_test(row_helpers_match_scalar),
         cmocka_unit_test(amx_request_follows_cpu),
     };
     return cmocka_run_group_tests_name("convert", tests, NULL, NULL);
