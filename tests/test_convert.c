@@ -18,6 +18,11 @@
 
 #include <cmocka.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define HAVE_MXCSR 1
+#endif
+
 #include "convert.h"
 #include "cpu.h"
 #include "sdpa.h"
@@ -690,6 +695,58 @@ static void row_helpers_match_scalar(void **state)
     free(fd);
 }
 
+/* The caller's floating-point environment does not change a conversion: with MXCSR's DAZ and FTZ
+ * set (denormals read and written as zero by SSE/AVX arithmetic), every table still gives the
+ * portable table's bits, which are computed with integer operations only. */
+static void conversions_ignore_daz_ftz(void **state)
+{
+    (void)state;
+#if defined(HAVE_MXCSR)
+    collect_tables();
+    enum { N = 1 << 18 };
+    uint16_t *h = malloc(N * 2), *want16 = malloc(N * 2), *got16 = malloc(N * 2);
+    float *f = malloc(N * 4), *wantf = malloc(N * 4), *gotf = malloc(N * 4);
+    assert_true(h && want16 && got16 && f && wantf && gotf);
+    for (int i = 0; i < N; ++i) {
+        h[i] = (uint16_t)i;                                    /* every encoding, 4 times */
+        const uint32_t r = (uint32_t)rnd();
+        const uint32_t sub16 = (r & 0x807FFFFFu) | ((100u + (r >> 23) % 16u) << 23); /* f16 subnormal range */
+        f[i] = ffrom(i % 3 == 0 ? (r & 0x807FFFFFu) : i % 3 == 1 ? sub16 : r); /* f32 denormals, f16 subnormals */
+    }
+    for (int d = 0; d < 2; ++d) {
+        const sdpa__convert *p = &sdpa__convert_portable;
+        for (int ti = 0; ti < g_ntables; ++ti) {
+            const sdpa__convert *t = g_tables[ti].t;
+            if (!t)
+                continue;
+            (d ? p->widen_bf16 : p->widen_f16)(h, 1, N, wantf);
+            (d ? p->narrow_bf16 : p->narrow_f16)(f, N, want16, 1);
+            const unsigned saved = _mm_getcsr();
+            _mm_setcsr(saved | 0x8040u); /* FTZ | DAZ */
+            (d ? t->widen_bf16 : t->widen_f16)(h, 1, N, gotf);
+            (d ? t->narrow_bf16 : t->narrow_f16)(f, N, got16, 1);
+            _mm_setcsr(saved);
+            for (int i = 0; i < N; ++i) {
+                if (fbits(gotf[i]) != fbits(wantf[i]))
+                    fail_msg("%s under DAZ/FTZ: widen %s 0x%04x -> 0x%08x, expected 0x%08x", g_tables[ti].name,
+                             d ? "bf16" : "f16", h[i], fbits(gotf[i]), fbits(wantf[i]));
+                if (got16[i] != want16[i])
+                    fail_msg("%s under DAZ/FTZ: narrow %s 0x%08x -> 0x%04x, expected 0x%04x", g_tables[ti].name,
+                             d ? "bf16" : "f16", fbits(f[i]), got16[i], want16[i]);
+            }
+        }
+    }
+    free(h);
+    free(want16);
+    free(got16);
+    free(f);
+    free(wantf);
+    free(gotf);
+#else
+    printf("DAZ/FTZ check not run: not an x86 build\n");
+#endif
+}
+
 /* AMX opt-in (public API): on a CPU without AMX the request fails with UNSUPPORTED and a message
  * and nothing becomes available; with AMX, a granted request makes it available. */
 static void amx_request_follows_cpu(void **state)
@@ -734,6 +791,7 @@ int main(void)
         cmocka_unit_test(narrow_bf16_matches_reference),
         cmocka_unit_test(round_trip_is_identity),
         cmocka_unit_test(row_helpers_match_scalar),
+        cmocka_unit_test(conversions_ignore_daz_ftz),
         cmocka_unit_test(amx_request_follows_cpu),
     };
     return cmocka_run_group_tests_name("convert", tests, NULL, NULL);
