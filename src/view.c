@@ -179,30 +179,12 @@ sdpa_status sdpa__check_mask(const char *fn, const char *name, const sdpa_allow_
     return SDPA_OK;
 }
 
+static sdpa_status init_contiguous(const char *fn, sdpa_tensor *view, const void *data, sdpa_dtype dtype, int32_t rank,
+                                   const int64_t *shape);
+
 SDPA_API sdpa_status sdpa_tensor_init(sdpa_tensor *view, float *data, int32_t rank, const int64_t *shape) {
-    static const char fn[] = "sdpa_tensor_init";
-    int64_t strides[SDPA_MAX_RANK];
     sdpa__clear_error();
-    if (view == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: view is NULL", fn);
-    memset(view, 0, sizeof *view);
-    view->dtype = SDPA_DTYPE_F32;
-    sdpa_status st = contiguous_strides(fn, "view", rank, SDPA_MAX_RANK, shape, sizeof(float), strides);
-    if (st != SDPA_OK)
-        return st;
-    int64_t numel = 1;
-    for (int32_t d = 0; d < rank; ++d)
-        numel *= shape[d]; /* no overflow: contiguous_strides checked the product */
-    if (data == NULL && numel > 0)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld elements", fn,
-                          (long long)numel);
-    view->data = data;
-    view->rank = rank;
-    for (int32_t d = 0; d < rank; ++d) {
-        view->shape[d] = shape[d];
-        view->strides[d] = strides[d];
-    }
-    return SDPA_OK;
+    return init_contiguous("sdpa_tensor_init", view, data, SDPA_DTYPE_F32, rank, shape);
 }
 
 SDPA_API sdpa_status sdpa_tensor_init_4d(sdpa_tensor *view, float *data, int64_t d0, int64_t d1, int64_t d2,
@@ -368,17 +350,14 @@ SDPA_API sdpa_status sdpa_tensor_init_strided(sdpa_tensor *view, const void *dat
     return init_view("sdpa_tensor_init_strided", view, data, dtype, rank, shape, strides);
 }
 
-SDPA_API sdpa_status sdpa_tensor_init_dtype(sdpa_tensor *view, const void *data, sdpa_dtype dtype, int32_t rank,
-                                            const int64_t *shape) {
-    static const char fn[] = "sdpa_tensor_init_dtype";
+/* Contiguous row-major view: the one implementation behind sdpa_tensor_init{,_dtype}. */
+static sdpa_status init_contiguous(const char *fn, sdpa_tensor *view, const void *data, sdpa_dtype dtype, int32_t rank,
+                                   const int64_t *shape) {
     int64_t strides[SDPA_MAX_RANK];
-    sdpa__clear_error();
-    if (view != NULL) {
-        memset(view, 0, sizeof *view);
-        view->dtype = SDPA_DTYPE_F32;
-    }
     if (view == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: view is NULL", fn);
+    memset(view, 0, sizeof *view);
+    view->dtype = SDPA_DTYPE_F32;
     const size_t elem = sdpa_dtype_size(dtype);
     if (elem == 0)
         return sdpa__fail(SDPA_ERR_DTYPE, "%s: dtype=%d is not an sdpa_dtype (SDPA_DTYPE_F32, _F16 or _BF16)", fn,
@@ -387,6 +366,12 @@ SDPA_API sdpa_status sdpa_tensor_init_dtype(sdpa_tensor *view, const void *data,
     if (st != SDPA_OK)
         return st;
     return init_view(fn, view, data, dtype, rank, shape, strides);
+}
+
+SDPA_API sdpa_status sdpa_tensor_init_dtype(sdpa_tensor *view, const void *data, sdpa_dtype dtype, int32_t rank,
+                                            const int64_t *shape) {
+    sdpa__clear_error();
+    return init_contiguous("sdpa_tensor_init_dtype", view, data, dtype, rank, shape);
 }
 
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
