@@ -98,7 +98,7 @@ typedef enum sdpa_status {
     SDPA_ERR_EMPTY_DIMENSION = 26,   /**< a dimension that must be >= 1 is 0 (the head width E) */
 
     /* 30-39: data type */
-    SDPA_ERR_DTYPE = 30,             /**< dtype other than float32 */
+    SDPA_ERR_DTYPE = 30,             /**< dtype not an sdpa_dtype, or one this entry point does not compute (0.4: only float32 is computed) */
 
     /* 40-49: values */
     SDPA_ERR_EMPTY_ROW = 40,         /**< a query row has no allowed key under SDPA_EMPTY_ROWS_ERROR */
@@ -141,21 +141,26 @@ SDPA_API const char *sdpa_last_kernel(void);
 /** Maximum rank of an sdpa_tensor. ABI constant. */
 #define SDPA_MAX_RANK 8
 
-/** Element types. Only float32 is computed in 0.x; the field keeps room for f16/bf16. */
+/** Element types of a view (sdpa_tensor.dtype). Each entry point's documentation says which
+ *  dtypes it computes; a valid view of a dtype an entry point does not compute (yet) is
+ *  SDPA_ERR_DTYPE with a message naming the view. Element sizes: sdpa_dtype_size(). */
 typedef enum sdpa_dtype {
-    SDPA_DTYPE_F32 = 0,
-    SDPA_DTYPE_F16 = 1,  /**< reserved: rejected with SDPA_ERR_DTYPE */
-    SDPA_DTYPE_BF16 = 2, /**< reserved: rejected with SDPA_ERR_DTYPE */
+    SDPA_DTYPE_F32 = 0,  /**< IEEE 754 binary32 (float) */
+    SDPA_DTYPE_F16 = 1,  /**< IEEE 754 binary16 (numpy float16, _Float16), stored as its 16-bit encoding */
+    SDPA_DTYPE_BF16 = 2, /**< bfloat16 (the top 16 bits of a binary32; torch.bfloat16) */
     SDPA_DTYPE_FORCE_INT32_ = 0x7FFFFFFF
 } sdpa_dtype;
 
 /**
  * A non-owning strided view of a tensor (frozen layout; 160 bytes on LP64).
- * Element [i0, ..., i(rank-1)] lives at ((float *)data)[sum_d i_d * strides[d]].
+ * Element [i0, ..., i(rank-1)] lives at byte offset sdpa_dtype_size(dtype) * sum_d i_d * strides[d]
+ * from data (for float32: ((float *)data)[sum_d i_d * strides[d]]).
  * Strides are in elements and may be 0 (broadcast) or negative on inputs; outputs need
  * strides > 0 on every dimension of size > 1 and must not overlap themselves.
  * Entries at index >= rank and reserved[] must be 0 (the constructors ensure it).
- * The library never writes through an input view, and never retains a view.
+ * The library never writes through an input view, and never retains a view: a view of const
+ * data (sdpa_tensor_init_strided(), sdpa_tensor_init_dtype() take `const void *`) may be passed
+ * as any input; `data` stays `void *` only to keep the frozen layout.
  */
 typedef struct sdpa_tensor {
     void *data;                      /**< address of element [0, ..., 0]; may be NULL if the view is empty */
@@ -184,6 +189,44 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_4d(sdpa_tensor *view, float
 /** Shorthand for sdpa_tensor_init() of a rank-3 [d0, d1, d2] view. Same errors. */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_3d(sdpa_tensor *view, float *data, int64_t d0,
                                                         int64_t d1, int64_t d2);
+
+/** @return the size in bytes of one element of `dtype` (4 for F32, 2 for F16 and BF16), or 0 if
+ *  dtype is not an sdpa_dtype. (0.4) */
+SDPA_API size_t sdpa_dtype_size(sdpa_dtype dtype);
+
+/** @return a static name of `dtype` as numpy/PyTorch spell it: "float32", "float16",
+ *  "bfloat16", or "unknown". Never NULL. (0.4) */
+SDPA_API const char *sdpa_dtype_name(sdpa_dtype dtype);
+
+/**
+ * Fill *view as a view of `data` with any dtype, shape and strides (in elements, signed; 0
+ * broadcasts): BSHD or BHSD layouts, a slice of a KV cache, a transposed or reversed input,
+ * without overwriting fields by hand. Output views need strides > 0 on every dimension of size
+ * > 1 and no self-overlap; that is checked by the function the view is passed to. (0.4)
+ * @param view    [out] the view; fully overwritten (also on failure, then as an empty view).
+ * @param data    address of element [0, ..., 0], not retained; may be NULL only if the view has
+ *                no element. const: the library never writes through a view passed as an input.
+ * @param dtype   an sdpa_dtype.
+ * @param rank    1..SDPA_MAX_RANK.  @param shape [rank] sizes >= 0.  @param strides [rank].
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER (view, shape, strides, or data of a non-empty view),
+ *         SDPA_ERR_DTYPE (not an sdpa_dtype), SDPA_ERR_RANK, SDPA_ERR_SHAPE (negative size),
+ *         SDPA_ERR_SIZE_OVERFLOW (element count, a stride or the byte span overflows).
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_strided(sdpa_tensor *view, const void *data,
+                                                             sdpa_dtype dtype, int32_t rank,
+                                                             const int64_t *shape,
+                                                             const int64_t *strides);
+
+/**
+ * Fill *view as a contiguous row-major (C-order) view of prod(shape) elements of `dtype` at
+ * `data` (sdpa_tensor_init() for any dtype). (0.4)
+ * @param data  const: see sdpa_tensor_init_strided(); may be NULL only if prod(shape) == 0.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE (not an sdpa_dtype), SDPA_ERR_RANK,
+ *         SDPA_ERR_SHAPE (negative size), SDPA_ERR_SIZE_OVERFLOW.
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_dtype(sdpa_tensor *view, const void *data,
+                                                           sdpa_dtype dtype, int32_t rank,
+                                                           const int64_t *shape);
 
 /* -------------------------------------------------------------- allow-mask */
 
@@ -267,6 +310,50 @@ typedef enum sdpa_kernel {
     SDPA_KERNEL_DECODE = 3,    /**< small L (KV-cache decode): one pass over K and V, split over keys */
     SDPA_KERNEL_FORCE_INT32_ = 0x7FFFFFFF
 } sdpa_kernel;
+
+/**
+ * Arithmetic precision of sdpa_attention() for reduced-precision storage (sdpa_options.precision;
+ * 0.4). Inputs are always widened exactly to float32 (f16 and bf16 values are float32 values), and
+ * an f16/bf16 `out` is rounded once, to nearest even. The bounds below are what the test suite
+ * holds every kernel, ISA and dtype combination to, against a float64 evaluation of the contract
+ * on the same (widened) inputs.
+ *
+ * For output element (b, h, i, d) of a row with n allowed keys, with u = 2^-24:
+ *   V  = max |v[b, h / (Hq/Hkv), j, d]| over the allowed keys j, divided by (1 - dropout_p);
+ *   A  = max over allowed j of |scale| * sum_e |q[b,h,i,e] * k[b,h / (Hq/Hkv),j,e]|;
+ *   T  = max over allowed j of |s_ij| (the final score: after softcap and bias);
+ *   δ  = (E + 2) * u * A + 8 * u * T             (bounds the float32 error of every score).
+ * The out error is err + r, where err is the float32 error of the row and r the one rounding of out
+ * to its dtype: r = 0 for F32, 2^-11 * (V + err) + 2^-25 for F16, 2^-8 * (V + err) + 2^-134 for BF16
+ * (half an ulp of |out| <= V + err; half the subnormal quantum below the normal range).
+ * SDPA_PRECISION_DEFAULT and SDPA_PRECISION_F32:
+ *   err = V * ((exp(2δ) - 1) + (3n + 32) * u)
+ *   (the score errors move each probability by a factor within exp(±2δ); (3n + 32) u covers exp,
+ *   the row sum, the P.V sum and the online rescaling, float32 sums of at most n terms each);
+ *   |lse - ref| <= δ + (n + 32) * u + u * |ref|.
+ * SDPA_PRECISION_REDUCED: err gains
+ *   2 * (u_V + n * t_V) * V,   u_V = 2^-11 (f16 V), 2^-8 (bf16 V), 0 (f32 V);
+ *                              t_V = 2^-25 (f16 V), 2^-126 (bf16 V), 0 (f32 V)
+ *   (each probability, in [0, 1], rounded to V's dtype: relative error u_V, or absolute t_V
+ *   where it is subnormal or flushed; the factor 2 lets the row sum use the rounded values), and
+ *   lse gains u_V + n * t_V. When q and k are both bf16 and bf16 dot products are used, δ gains
+ *   |scale| * E * 2^-126 plus |scale| * sum_e |q_e * k_je| over the terms where q_e or k_je is a
+ *   bf16 subnormal (VDPBF16PS and AMX read subnormals as 0). REDUCED never rounds a q or k
+ *   value: f32 or f16 q/k keep the F32 score arithmetic.
+ * An f16 out cannot hold |x| >= 65520: such values become +-Inf (f16's range), not an error.
+ */
+typedef enum sdpa_precision {
+    /** Default: the SDPA_PRECISION_F32 contract, in this and every later 0.x/1.x version (a
+     *  zero-filled sdpa_options never lowers accuracy). */
+    SDPA_PRECISION_DEFAULT = 0,
+    /** float32 scores, softmax, probabilities and accumulation; out rounded once. */
+    SDPA_PRECISION_F32 = 1,
+    /** The kernel may round the probabilities to V's storage dtype for P.V (as FlashAttention and
+     *  PyTorch's CPU flash kernel do) and use bf16 dot products (AVX512-BF16 VDPBF16PS, AMX-BF16)
+     *  when q and k are both bf16. With f32 V the probabilities stay float32. */
+    SDPA_PRECISION_REDUCED = 2,
+    SDPA_PRECISION_FORCE_INT32_ = 0x7FFFFFFF
+} sdpa_precision;
 
 /**
  * Options of sdpa_attention(). Initialise with sdpa_options_init(), then set fields.
@@ -356,6 +443,12 @@ typedef struct sdpa_options {
     /** Must be 0: a later version may give it a meaning, so a non-zero value is
      *  SDPA_ERR_STRUCT_VERSION (as unknown tail bytes beyond struct_size are). */
     int32_t reserved0;
+
+    /* ---- appended in 0.4 (a 0.2/0.3 caller's smaller struct_size leaves these at defaults) ---- */
+    /** sdpa_precision (error bounds there). Default SDPA_PRECISION_DEFAULT (= F32); a value that
+     *  is not an sdpa_precision is SDPA_ERR_INVALID_ARGUMENT. */
+    int32_t precision;
+    int32_t reserved1; /**< must be 0 (SDPA_ERR_STRUCT_VERSION otherwise: a later field's use) */
 } sdpa_options;
 
 /**
@@ -426,7 +519,8 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *                                 or the workspace overlaps an input
  * @retval SDPA_ERR_SIZE_OVERFLOW  shape products overflow
  * @retval SDPA_ERR_EMPTY_DIMENSION E == 0
- * @retval SDPA_ERR_DTYPE          a view that is not float32
+ * @retval SDPA_ERR_DTYPE          a view that is not float32 (float16/bfloat16 views are valid
+ *                                 views, but this version has no kernels for them yet)
  * @retval SDPA_ERR_INVALID_ARGUMENT scale/softcap NaN, Inf or negative; window < -1; a key or
  *                                 query length outside [0, S] / [0, L]; dropout_p outside
  *                                 [0, 1); unknown enum value;
@@ -769,6 +863,31 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mha_workspace_size(const sdpa_mha_param
                                                             const sdpa_tensor *value,
                                                             const sdpa_mha_options *options,
                                                             int weights_requested, size_t *bytes);
+
+/* ------------------------------------------------------------------- AMX (0.4) */
+
+/**
+ * Ask Linux for this process's permission to use Intel AMX tile data (the application's
+ * explicit opt-in; libsdpa never asks on its own, DESIGN.md section 7). AMX-BF16 kernels are
+ * used only once permission is granted (see sdpa_amx_available()).
+ *
+ * It calls arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 18), as the Linux kernel's
+ * Documentation/arch/x86/xstate.rst describes. The permission is per process, lasts for its
+ * life and cannot be revoked; afterwards every thread's signal frames are about 8 KiB larger
+ * (size alternate signal stacks from getauxval(AT_MINSIGSTKSZ)). Idempotent; thread-safe.
+ * @retval SDPA_OK          permission granted (now or earlier)
+ * @retval SDPA_ERR_UNSUPPORTED the CPU lacks AMX-TILE or AMX-BF16 (CPUID leaf 7 EDX bits 24 and
+ *                          22) or the OS does not enable their state (XCR0 bits 17, 18), Linux
+ *                          refused (the message gives errno), or the OS is not x86 Linux.
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_request_amx(void);
+
+/**
+ * @return 1 iff the CPU has AMX-TILE and AMX-BF16 with OS support AND this process already has
+ *         the permission (arch_prctl ARCH_GET_XCOMP_PERM reports XTILEDATA); 0 otherwise.
+ *         Never requests the permission itself and never fails; thread-safe.
+ */
+SDPA_API int sdpa_amx_available(void);
 
 #ifdef __cplusplus
 } /* extern "C" */

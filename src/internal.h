@@ -40,10 +40,20 @@ typedef struct sdpa__span {
     uintptr_t lo, hi;
 } sdpa__span;
 
-/* Check a tensor view: non-NULL, float32, rank in [rank_min, rank_max], sizes >= 0,
+/* Check a tensor view: non-NULL, float32 (see sdpa__check_view below), rank in [rank_min, rank_max], sizes >= 0,
  * reserved zero, span without overflow. `name` is used in messages. */
 sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char *name,
                                int32_t rank_min, int32_t rank_max);
+/* The split behind sdpa__check_tensor (0.4): sdpa__check_view says "this is a valid view of
+ * its dtype" (non-NULL, a known sdpa_dtype, rank, reserved and beyond-rank zero, geometry in
+ * bytes of that dtype, data); sdpa__check_dtype_supported says "this entry point computes that
+ * dtype" (dtypes: a bit mask of 1u << SDPA_DTYPE_*), failing with SDPA_ERR_DTYPE and a message
+ * naming the view. sdpa__check_tensor is both with float32 only (the 0.3 rule). */
+#define SDPA__DTYPES_F32 (1u << SDPA_DTYPE_F32)
+#define SDPA__DTYPES_ALL ((1u << SDPA_DTYPE_F32) | (1u << SDPA_DTYPE_F16) | (1u << SDPA_DTYPE_BF16))
+sdpa_status sdpa__check_view(const sdpa_tensor *t, const char *fn, const char *name, int32_t rank_min,
+                             int32_t rank_max);
+sdpa_status sdpa__check_dtype_supported(const sdpa_tensor *t, const char *fn, const char *name, unsigned dtypes);
 /* Check an allow-mask: rank 1..4, reserved and beyond-rank entries 0, geometry, data. */
 sdpa_status sdpa__check_mask(const char *fn, const char *name, const sdpa_allow_mask *m);
 /* Extra rules for outputs: strides > 0 on dims of size > 1 and no self-overlap. */

@@ -63,7 +63,9 @@ sdpa_status sdpa__options_read(const char *fn, const sdpa_options *in, sdpa_opti
     sdpa_status st = sdpa__read_versioned(fn, "options", "sdpa_options", in, SDPA__OPTIONS_V1_SIZE, o, sizeof *o);
     if (st != SDPA_OK)
         return st;
-    return sdpa__check_reserved(fn, "options->reserved0", o->reserved0);
+    if ((st = sdpa__check_reserved(fn, "options->reserved0", o->reserved0)) != SDPA_OK)
+        return st;
+    return sdpa__check_reserved(fn, "options->reserved1", o->reserved1);
 }
 
 sdpa_status sdpa__options_check(const char *fn, const sdpa_options *o) {
@@ -101,5 +103,8 @@ sdpa_status sdpa__options_check(const char *fn, const sdpa_options *o) {
                           (double)o->dropout_p);
     if (o->kernel < SDPA_KERNEL_AUTO || o->kernel > SDPA_KERNEL_DECODE)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->kernel=%d is not an sdpa_kernel", fn, (int)o->kernel);
+    if (o->precision < SDPA_PRECISION_DEFAULT || o->precision > SDPA_PRECISION_REDUCED)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->precision=%d is not an sdpa_precision", fn,
+                          (int)o->precision);
     return SDPA_OK;
 }

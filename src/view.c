@@ -1,4 +1,4 @@
-/* View constructors and validation: rank, shape, broadcast, strides, overlap, overflow. */
+/* View constructors and validation: dtype, rank, shape, broadcast, strides, overlap, overflow. */
 #include "internal.h"
 
 #include <stdlib.h>
@@ -48,34 +48,10 @@ sdpa_status sdpa__check_geometry(const char *fn, const char *name, int32_t rank,
 
 sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char *name,
                                int32_t rank_min, int32_t rank_max) {
-    if (t == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
-    if (t->dtype != SDPA_DTYPE_F32)
-        return sdpa__fail(SDPA_ERR_DTYPE, "%s: %s.dtype=%d is not SDPA_DTYPE_F32 (only float32 is computed)",
-                          fn, name, (int)t->dtype);
-    if (t->rank < rank_min || t->rank > rank_max) {
-        if (rank_min == rank_max)
-            return sdpa__fail(SDPA_ERR_RANK, "%s: %s.rank=%d, expected %d", fn, name, (int)t->rank,
-                              (int)rank_min);
-        return sdpa__fail(SDPA_ERR_RANK, "%s: %s.rank=%d, expected %d..%d", fn, name, (int)t->rank,
-                          (int)rank_min, (int)rank_max);
-    }
-    if (t->reserved[0] != 0 || t->reserved[1] != 0)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s.reserved must be 0", fn, name);
-    for (int32_t d = t->rank; d < SDPA_MAX_RANK; ++d)
-        if (t->shape[d] != 0 || t->strides[d] != 0)
-            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s.shape[%d] and strides[%d] are beyond rank=%d and must be 0",
-                              fn, name, (int)d, (int)d, (int)t->rank);
-    sdpa_status st = sdpa__check_geometry(fn, name, t->rank, t->shape, t->strides, sizeof(float));
+    sdpa_status st = sdpa__check_view(t, fn, name, rank_min, rank_max);
     if (st != SDPA_OK)
         return st;
-    int64_t numel = 1;
-    for (int32_t d = 0; d < t->rank; ++d)
-        numel *= t->shape[d];
-    if (numel > 0 && t->data == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL but the view has %lld elements", fn,
-                          name, (long long)numel);
-    return SDPA_OK;
+    return sdpa__check_dtype_supported(t, fn, name, SDPA__DTYPES_F32);
 }
 
 sdpa_status sdpa__check_output_layout(const sdpa_tensor *t, const char *fn, const char *name) {
@@ -132,7 +108,7 @@ static sdpa__span span_of(const void *data, int32_t rank, const int64_t *shape, 
 }
 
 sdpa__span sdpa__tensor_span(const sdpa_tensor *t) {
-    return span_of(t->data, t->rank, t->shape, t->strides, sizeof(float));
+    return span_of(t->data, t->rank, t->shape, t->strides, sdpa_dtype_size((sdpa_dtype)t->dtype));
 }
 
 sdpa__span sdpa__mask_span(const sdpa_allow_mask *m) {
@@ -217,30 +193,12 @@ sdpa_status sdpa__check_mask(const char *fn, const char *name, const sdpa_allow_
     return SDPA_OK;
 }
 
+static sdpa_status init_contiguous(const char *fn, sdpa_tensor *view, const void *data, sdpa_dtype dtype, int32_t rank,
+                                   const int64_t *shape);
+
 SDPA_API sdpa_status sdpa_tensor_init(sdpa_tensor *view, float *data, int32_t rank, const int64_t *shape) {
-    static const char fn[] = "sdpa_tensor_init";
-    int64_t strides[SDPA_MAX_RANK];
     sdpa__clear_error();
-    if (view == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: view is NULL", fn);
-    memset(view, 0, sizeof *view);
-    view->dtype = SDPA_DTYPE_F32;
-    sdpa_status st = contiguous_strides(fn, "view", rank, SDPA_MAX_RANK, shape, sizeof(float), strides);
-    if (st != SDPA_OK)
-        return st;
-    int64_t numel = 1;
-    for (int32_t d = 0; d < rank; ++d)
-        numel *= shape[d]; /* no overflow: contiguous_strides checked the product */
-    if (data == NULL && numel > 0)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld elements", fn,
-                          (long long)numel);
-    view->data = data;
-    view->rank = rank;
-    for (int32_t d = 0; d < rank; ++d) {
-        view->shape[d] = shape[d];
-        view->strides[d] = strides[d];
-    }
-    return SDPA_OK;
+    return init_contiguous("sdpa_tensor_init", view, data, SDPA_DTYPE_F32, rank, shape);
 }
 
 SDPA_API sdpa_status sdpa_tensor_init_4d(sdpa_tensor *view, float *data, int64_t d0, int64_t d1, int64_t d2,
@@ -285,4 +243,153 @@ SDPA_API sdpa_status sdpa_allow_mask_init(sdpa_allow_mask *mask, const uint8_t *
 _Static_assert(sizeof(sdpa_tensor) == 160, "sdpa_tensor layout is frozen");
 _Static_assert(sizeof(sdpa_allow_mask) == 80, "sdpa_allow_mask layout is frozen");
 _Static_assert(offsetof(sdpa_options, workspace_bytes) == 128, "sdpa_options v1 layout is frozen");
+#endif
+
+/* ------------------------------------------------------------ dtypes (0.4) */
+
+SDPA_API size_t sdpa_dtype_size(sdpa_dtype dtype) {
+    switch (dtype) {
+    case SDPA_DTYPE_F32: return 4;
+    case SDPA_DTYPE_F16: return 2;
+    case SDPA_DTYPE_BF16: return 2;
+    default: return 0;
+    }
+}
+
+SDPA_API const char *sdpa_dtype_name(sdpa_dtype dtype) {
+    switch (dtype) {
+    case SDPA_DTYPE_F32: return "float32";
+    case SDPA_DTYPE_F16: return "float16";
+    case SDPA_DTYPE_BF16: return "bfloat16";
+    default: return "unknown";
+    }
+}
+
+/* "SDPA_DTYPE_F16 (float16)" style text of a dtype field for messages. */
+static const char *dtype_enum_name(int32_t dtype) {
+    switch (dtype) {
+    case SDPA_DTYPE_F32: return "SDPA_DTYPE_F32";
+    case SDPA_DTYPE_F16: return "SDPA_DTYPE_F16";
+    case SDPA_DTYPE_BF16: return "SDPA_DTYPE_BF16";
+    default: return "not an sdpa_dtype";
+    }
+}
+
+sdpa_status sdpa__check_view(const sdpa_tensor *t, const char *fn, const char *name, int32_t rank_min,
+                             int32_t rank_max) {
+    if (t == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
+    const size_t elem = sdpa_dtype_size((sdpa_dtype)t->dtype);
+    if (elem == 0)
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: %s.dtype=%d is not an sdpa_dtype (SDPA_DTYPE_F32, _F16 or _BF16)", fn,
+                          name, (int)t->dtype);
+    if (t->rank < rank_min || t->rank > rank_max) {
+        if (rank_min == rank_max)
+            return sdpa__fail(SDPA_ERR_RANK, "%s: %s.rank=%d, expected %d", fn, name, (int)t->rank,
+                              (int)rank_min);
+        return sdpa__fail(SDPA_ERR_RANK, "%s: %s.rank=%d, expected %d..%d", fn, name, (int)t->rank,
+                          (int)rank_min, (int)rank_max);
+    }
+    if (t->reserved[0] != 0 || t->reserved[1] != 0)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s.reserved must be 0", fn, name);
+    for (int32_t d = t->rank; d < SDPA_MAX_RANK; ++d)
+        if (t->shape[d] != 0 || t->strides[d] != 0)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s.shape[%d] and strides[%d] are beyond rank=%d and must be 0",
+                              fn, name, (int)d, (int)d, (int)t->rank);
+    sdpa_status st = sdpa__check_geometry(fn, name, t->rank, t->shape, t->strides, elem);
+    if (st != SDPA_OK)
+        return st;
+    int64_t numel = 1;
+    for (int32_t d = 0; d < t->rank; ++d)
+        numel *= t->shape[d];
+    if (numel > 0 && t->data == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL but the view has %lld elements", fn,
+                          name, (long long)numel);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__check_dtype_supported(const sdpa_tensor *t, const char *fn, const char *name, unsigned dtypes) {
+    if (t->dtype >= 0 && t->dtype < 31 && ((dtypes >> t->dtype) & 1u))
+        return SDPA_OK;
+    const char *dn = sdpa_dtype_name((sdpa_dtype)t->dtype);
+    if (dtypes == SDPA__DTYPES_F32)
+        return sdpa__fail(SDPA_ERR_DTYPE,
+                          "%s: %s.dtype=%s is a valid %s view, but %s computes float32 only: its %s loaders and "
+                          "kernels are not built yet",
+                          fn, name, dtype_enum_name(t->dtype), dn, fn, dn);
+    return sdpa__fail(SDPA_ERR_DTYPE, "%s: %s.dtype=%s (%s) is not supported here", fn, name,
+                      dtype_enum_name(t->dtype), dn);
+}
+
+/* Fill *view from (data, dtype, rank, shape, strides) after the checks every view gets. */
+static sdpa_status init_view(const char *fn, sdpa_tensor *view, const void *data, sdpa_dtype dtype, int32_t rank,
+                             const int64_t *shape, const int64_t *strides) {
+    if (view == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: view is NULL", fn);
+    memset(view, 0, sizeof *view);
+    view->dtype = SDPA_DTYPE_F32; /* an empty float32 view until every check has passed */
+    if (shape == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: shape is NULL", fn);
+    if (strides == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: strides is NULL", fn);
+    const size_t elem = sdpa_dtype_size(dtype);
+    if (elem == 0)
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: dtype=%d is not an sdpa_dtype (SDPA_DTYPE_F32, _F16 or _BF16)", fn,
+                          (int)dtype);
+    if (rank < 1 || rank > SDPA_MAX_RANK)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: rank=%d, expected 1..%d", fn, (int)rank, (int)SDPA_MAX_RANK);
+    sdpa_status st = sdpa__check_geometry(fn, "view", rank, shape, strides, elem);
+    if (st != SDPA_OK)
+        return st;
+    int64_t numel = 1;
+    for (int32_t d = 0; d < rank; ++d)
+        numel *= shape[d]; /* no overflow: checked by sdpa__check_geometry */
+    if (data == NULL && numel > 0)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld elements", fn,
+                          (long long)numel);
+    /* The library never writes through an input view: the cast only keeps the frozen layout. */
+    view->data = (void *)(uintptr_t)data;
+    view->dtype = (int32_t)dtype;
+    view->rank = rank;
+    for (int32_t d = 0; d < rank; ++d) {
+        view->shape[d] = shape[d];
+        view->strides[d] = strides[d];
+    }
+    return SDPA_OK;
+}
+
+SDPA_API sdpa_status sdpa_tensor_init_strided(sdpa_tensor *view, const void *data, sdpa_dtype dtype, int32_t rank,
+                                              const int64_t *shape, const int64_t *strides) {
+    sdpa__clear_error();
+    return init_view("sdpa_tensor_init_strided", view, data, dtype, rank, shape, strides);
+}
+
+/* Contiguous row-major view: the one implementation behind sdpa_tensor_init{,_dtype}. */
+static sdpa_status init_contiguous(const char *fn, sdpa_tensor *view, const void *data, sdpa_dtype dtype, int32_t rank,
+                                   const int64_t *shape) {
+    int64_t strides[SDPA_MAX_RANK];
+    if (view == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: view is NULL", fn);
+    memset(view, 0, sizeof *view);
+    view->dtype = SDPA_DTYPE_F32;
+    const size_t elem = sdpa_dtype_size(dtype);
+    if (elem == 0)
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: dtype=%d is not an sdpa_dtype (SDPA_DTYPE_F32, _F16 or _BF16)", fn,
+                          (int)dtype);
+    sdpa_status st = contiguous_strides(fn, "view", rank, SDPA_MAX_RANK, shape, elem, strides);
+    if (st != SDPA_OK)
+        return st;
+    return init_view(fn, view, data, dtype, rank, shape, strides);
+}
+
+SDPA_API sdpa_status sdpa_tensor_init_dtype(sdpa_tensor *view, const void *data, sdpa_dtype dtype, int32_t rank,
+                                            const int64_t *shape) {
+    sdpa__clear_error();
+    return init_contiguous("sdpa_tensor_init_dtype", view, data, dtype, rank, shape);
+}
+
+#if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
+_Static_assert(offsetof(sdpa_options, precision) == offsetof(sdpa_options, reserved0) + 4,
+               "sdpa_options 0.4 fields follow reserved0");
+_Static_assert(sizeof(sdpa_options) == offsetof(sdpa_options, reserved1) + 4, "sdpa_options ends with reserved1");
 #endif

@@ -35,6 +35,17 @@ int main()
         std::fprintf(stderr, "sdpa_status_string(SDPA_ERR_SHAPE) wrong\n");
         ++failures;
     }
+    // Views of const data need no cast (0.4): an f16 KV-cache slice and a const float32 query.
+    static const unsigned short cache[2 * 3 * 4] = {0};
+    static const float query[3 * 4] = {0};
+    const int64_t shape[2] = {3, 4}, strides[2] = {8, 1};
+    sdpa_tensor kv, q;
+    if (sdpa_tensor_init_strided(&kv, cache, SDPA_DTYPE_F16, 2, shape, strides) != SDPA_OK ||
+        sdpa_tensor_init_dtype(&q, query, SDPA_DTYPE_F32, 2, shape) != SDPA_OK || kv.dtype != SDPA_DTYPE_F16 ||
+        sdpa_dtype_size(SDPA_DTYPE_BF16) != 2 || options.precision != SDPA_PRECISION_DEFAULT) {
+        std::fprintf(stderr, "const-data views or 0.4 defaults wrong: %s\n", sdpa_last_error_message());
+        ++failures;
+    }
     std::printf("%s\n", failures ? "FAIL" : "OK");
     return failures ? 1 : 0;
 }

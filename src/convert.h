@@ -1,0 +1,142 @@
+/* Conversions between the storage dtypes f16 (IEEE binary16), bf16 (bfloat16) and float32.
+ *
+ * Semantics, identical bit for bit on every ISA (tests/test_convert.c checks all of them):
+ *  - widen (f16/bf16 -> f32) is exact. bf16 -> f32 is the 16-bit shift (every payload kept,
+ *    a signalling NaN stays signalling). f16 -> f32 keeps sign and payload and returns NaNs
+ *    quiet (bit 22 set), as F16C's VCVTPH2PS does.
+ *  - narrow (f32 -> f16/bf16) rounds to nearest, ties to even, with subnormal results where
+ *    the target has them (never flushed); finite values beyond the target's range round to
+ *    +-Inf (f16 from |x| >= 65520; bf16 from |x| >= 2^128 - 2^119); NaN stays NaN, quiet, sign
+ *    kept, payload truncated to its top bits (F16C VCVTPS2PH and AVX512-BF16 VCVTNEPS2BF16).
+ *    The MXCSR / floating-point environment is never consulted or changed.
+ *  - finite scans: f16 is Inf/NaN iff its exponent field (bits 10..14) is all ones; bf16 iff
+ *    bits 7..14 are (float32's top half).
+ * Element arrays are uint16_t (the raw encodings). Strides are in elements; n may be 0.
+ */
+#ifndef SDPA_CONVERT_H
+#define SDPA_CONVERT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- scalar conversions (exact; the portable table, vector tails and single elements) ---- */
+
+static inline uint32_t sdpa__f32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+static inline float sdpa__f32_from_bits(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static inline float sdpa__bf16_to_f32(uint16_t h) { return sdpa__f32_from_bits((uint32_t)h << 16); }
+
+static inline float sdpa__f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0x1F) /* Inf, or NaN made quiet */
+        return sdpa__f32_from_bits(sign | 0x7F800000u | (m << 13) | (m != 0 ? 0x00400000u : 0u));
+    if (e != 0)
+        return sdpa__f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));
+    if (m == 0)
+        return sdpa__f32_from_bits(sign);
+    /* Subnormal m * 2^-24: normalise (m has its top bit at position p < 10). */
+    int p = 9;
+    while (!((m >> p) & 1u))
+        --p;
+    /* value = 2^(p-24) * (1 + (m - 2^p) / 2^p): exponent field p - 24 + 127. */
+    return sdpa__f32_from_bits(sign | ((uint32_t)(p + 103) << 23) | ((m << (23 - p)) & 0x7FFFFFu));
+}
+
+static inline uint16_t sdpa__f32_to_bf16(float x) {
+    const uint32_t u = sdpa__f32_bits(x);
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu) != 0)
+        return (uint16_t)((u >> 16) | 0x40u); /* NaN: quiet, top payload bits */
+    /* Round to nearest even on the low 16 bits; a carry into the exponent is the right
+     * answer (up to the next binade, or to Inf from the largest finite values). */
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline uint16_t sdpa__f32_to_f16(float x) {
+    const uint32_t u = sdpa__f32_bits(x);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    const uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) /* NaN: quiet, top payload bits */
+        return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+    if (a >= 0x477FF000u) /* >= 65520 = 65504 + half an ulp (a tie that rounds up to 2^16): Inf */
+        return (uint16_t)(sign | 0x7C00u);
+    if (a >= 0x38800000u) { /* >= 2^-14: normal f16; rebias the exponent, round 13 bits */
+        const uint32_t r = a - 0x38000000u; /* exponent - 112 */
+        return (uint16_t)(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
+    }
+    if (a < 0x33000000u) /* < 2^-25 = half the smallest subnormal (the tie rounds to 0, even) */
+        return sign;
+    /* Subnormal result: value / 2^-24 rounded to an integer (a carry to 1024 is the smallest
+     * normal, whose encoding is 1024 too). value = (2^23 + m) * 2^(e-150). */
+    const uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u;
+    const uint32_t shift = 126u - e; /* value / 2^-24 = m >> shift, with shift in [14, 24] */
+    const uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    return (uint16_t)(sign | (q + (rem > half || (rem == half && (q & 1u)))));
+}
+
+/* ---- the per-ISA table ---- */
+
+typedef struct sdpa__convert {
+    const char *name; /* "portable", "avx2-f16c", "avx512", "avx512-bf16" */
+    /* dst[t] = widen(src[t * stride]) for t < n; dst contiguous floats. Any stride (0, negative). */
+    void (*widen_f16)(const uint16_t *src, ptrdiff_t stride, int64_t n, float *dst);
+    void (*widen_bf16)(const uint16_t *src, ptrdiff_t stride, int64_t n, float *dst);
+    /* dst[t * stride] = narrow(src[t]) for t < n; src contiguous floats; stride != 0. */
+    void (*narrow_f16)(const float *src, int64_t n, uint16_t *dst, ptrdiff_t stride);
+    void (*narrow_bf16)(const float *src, int64_t n, uint16_t *dst, ptrdiff_t stride);
+    /* Whether x[t * stride], t < n, are all finite (no Inf/NaN encoding). */
+    bool (*finite_f16)(const uint16_t *x, ptrdiff_t stride, int64_t n);
+    bool (*finite_bf16)(const uint16_t *x, ptrdiff_t stride, int64_t n);
+} sdpa__convert;
+
+extern const sdpa__convert sdpa__convert_portable;     /* src/convert_portable.c */
+#if defined(SDPA_HAVE_CONVERT_AVX2)
+extern const sdpa__convert sdpa__convert_avx2;         /* src/convert_avx2.c (-mavx2 -mfma -mf16c) */
+#endif
+#if defined(SDPA_HAVE_CONVERT_AVX512)
+extern const sdpa__convert sdpa__convert_avx512;       /* src/convert_avx512.c (-mavx512f/bw/vl) */
+/* Its members, shared by the AVX512-BF16 table. */
+void sdpa__avx512_widen_f16(const uint16_t *src, ptrdiff_t stride, int64_t n, float *dst);
+void sdpa__avx512_widen_bf16(const uint16_t *src, ptrdiff_t stride, int64_t n, float *dst);
+void sdpa__avx512_narrow_f16(const float *src, int64_t n, uint16_t *dst, ptrdiff_t stride);
+void sdpa__avx512_narrow_bf16(const float *src, int64_t n, uint16_t *dst, ptrdiff_t stride);
+bool sdpa__avx512_finite_f16(const uint16_t *x, ptrdiff_t stride, int64_t n);
+bool sdpa__avx512_finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n);
+#endif
+#if defined(SDPA_HAVE_AVX512BF16)
+/* The AVX-512 table whose narrow_bf16 uses VCVTNEPS2BF16 (with a fix-up of denormal inputs,
+ * which that instruction reads as zero). src/convert_avx512bf16.c (-mavx512bf16). */
+extern const sdpa__convert sdpa__convert_avx512bf16;
+#endif
+
+/* ---- row helpers over any storage dtype (what the loaders call) ---- */
+
+/* dst[r * ld + c] = src[r * rs + c * cs] widened to f32, for r < rows, c < cols; `dtype` is the
+ * sdpa_dtype of src (F32: a strided copy). Strides in elements of src; any sign, 0 allowed. */
+void sdpa__widen_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,
+                      int64_t cols, float *dst, int64_t ld);
+/* dst[r * rs + c * cs] = src[r * ld + c] rounded to `dtype` (nearest even; F32: a copy). */
+void sdpa__narrow_rows(const sdpa__convert *cv, int dtype, const float *src, int64_t ld, int64_t rows, int64_t cols,
+                       void *dst, ptrdiff_t rs, ptrdiff_t cs);
+/* Whether every src[r * rs + c * cs] (F16 or BF16 encodings) is finite. F32 data is scanned by
+ * the micro-kernel tables' all_finite; passing F32 here is a bug and returns false. */
+bool sdpa__finite_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,
+                       int64_t cols);
+
+/* The table of ISA level `isa` (SDPA__ISA_* of cpu.h), or NULL if this build or this CPU does
+ * not have it. At AVX512 the AVX512-BF16 variant is returned when the CPU has AVX512-BF16. */
+const sdpa__convert *sdpa__convert_exact(int isa);
+/* The best table at level <= isa that this build and CPU can run; never NULL (loaders). */
+const sdpa__convert *sdpa__convert_for_isa(int isa);
+
+#endif

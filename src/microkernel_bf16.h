@@ -1,0 +1,24 @@
+/* bf16 x bf16 micro-kernel primitives with float32 accumulation (0.4), to be entered into the
+ * [isa][dtype] micro-kernel table. Inputs are raw bf16 encodings (uint16_t); results are f32.
+ * Products of two bf16 values are exact in f32; sums are rounded to nearest even in f32, and,
+ * as VDPBF16PS / AMX define, bf16 subnormal inputs are read as 0 and subnormal partial results
+ * flushed (see sdpa_precision in sdpa.h for the error bound this implies). */
+#ifndef SDPA_MICROKERNEL_BF16_H
+#define SDPA_MICROKERNEL_BF16_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(SDPA_HAVE_MK_AVX512BF16)
+/* s[t] = sum_{e < ne} q[e] * k[t * ks + e] for t < n (rows of k contiguous, ks >= ne). Elements
+ * beyond ne of a row are never read. src/microkernel_avx512bf16.c (-mavx512bf16); call only
+ * where the CPU has AVX512-BF16 (sdpa__cpu_features()->avx512bf16). */
+void sdpa__bf16_dot_rows_avx512bf16(const uint16_t *q, int64_t ne, const uint16_t *k, ptrdiff_t ks, int64_t n,
+                                    float *s);
+/* o[d] = alpha * o[d] + sum_{t < cnt} p[t] * v[t * vs + d] for d < nev: bf16 probabilities p
+ * (contiguous) and bf16 value rows (contiguous along d). With alpha = 1 nothing is rescaled. */
+void sdpa__bf16_axpy_rows_avx512bf16(float *o, int64_t nev, float alpha, const uint16_t *p, int64_t cnt,
+                                     const uint16_t *v, ptrdiff_t vs);
+#endif
+
+#endif
