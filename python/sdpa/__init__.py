@@ -9,7 +9,7 @@
 numpy float32 arrays of any strides are passed to the library as views, never copied. Errors
 raise sdpa.SdpaError subclasses carrying the status and the library's message. The library is
 found through $SDPA_LIBRARY, then this checkout's build*/ directories, then the system loader
-(see sdpa._lib), and must be libsdpa 0.x with x >= 2.
+(see sdpa._lib), and must be libsdpa 0.x with x >= 3.
 """
 from ._errors import (STATUS_NAMES, SdpaArgumentError, SdpaDtypeError, SdpaError,
                       SdpaInternalError, SdpaLibraryError, SdpaResourceError, SdpaShapeError,

@@ -19,7 +19,7 @@ import os
 import re
 import threading
 
-from ._errors import SdpaLibraryError, SdpaVersionError, make_error
+from ._errors import SdpaLibraryError, SdpaVersionError, make_error, python_hints
 
 #: The libsdpa version this package was written for: a library of the same major version and a
 #: minor version >= this one is accepted.
@@ -28,6 +28,8 @@ EXPECTED_VERSION = (0, 3, 0)
 SDPA_MAX_RANK = 8
 SDPA_MASK_MAX_RANK = 4
 SDPA_DTYPE_F32 = 0
+SDPA_DTYPE_F16 = 1
+SDPA_DTYPE_BF16 = 2
 
 c_status = ctypes.c_int  # sdpa_status is int-sized (SDPA_STATUS_FORCE_INT32_)
 
@@ -255,11 +257,12 @@ class Library:
 
     def check(self, status):
         """Raise the SdpaError of a non-zero status, with the detail message of this thread's
-        last failure (read right away, before any other libsdpa call)."""
+        last failure (read right away, before any other libsdpa call); C enum names in its
+        hints are given as the Python keywords (_errors.python_hints)."""
         if status != 0:
             message = self.cdll.sdpa_last_error_message()
             name = self.cdll.sdpa_status_string(status)
-            raise make_error(status, (message or b"").decode("utf-8", "replace"),
+            raise make_error(status, python_hints((message or b"").decode("utf-8", "replace")),
                              (name or b"SDPA_ERR_UNKNOWN").decode("ascii", "replace"))
 
     def status_string(self, status):

@@ -169,6 +169,16 @@ def allow_from_keep_int(keep):
     src = np.asarray(keep)
     if src.dtype.kind not in "iubf":
         raise py_error("SDPA_ERR_DTYPE", f"a keep mask must be integer, got {src.dtype}")
+    if src.dtype.kind == "f" and src.size:
+        # A NaN, an infinity or a fraction is reported before any cast (casting NaN to int32
+        # would print numpy's "invalid value encountered in cast" RuntimeWarning first).
+        values = src.reshape(-1)
+        bad_at = np.flatnonzero(~((values == 0) | (values == 1)))
+        if bad_at.size:
+            bad = int(bad_at[0])
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                           f"allow_from_keep_int: keep[{bad}]={values[bad]!r} is neither 0 nor 1 "
+                           "(lengths instead of a mask? see padding_allow_mask())")
     flat = _flat_input(src, np.int32, "keep")
     if src.dtype != np.int32 and not np.array_equal(flat, src):
         # Narrowing would hide a value like 2**32 + 1 or 0.5: report the first one here.
