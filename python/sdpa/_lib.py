@@ -4,10 +4,12 @@ The library is looked up, in this order:
 
 1. the environment variable ``SDPA_LIBRARY`` (a path; ``meson test`` sets it to the library it
    just built);
-2. the build tree of the checkout this package lives in: ``libsdpa.so*`` under the
+2. the package's own copy: ``libsdpa.so*`` next to this file, which a wheel built by
+   ``pip install .`` / ``python3 -m build`` (meson-python) bundles;
+3. the build tree of the checkout this package lives in: ``libsdpa.so*`` under the
    ``build*/`` directories of the repository root (``python/sdpa/../..``), preferring libraries
    whose file name carries a compatible version, then ``build/``, then the newest;
-3. the system loader: ``ctypes.util.find_library("sdpa")``, else ``libsdpa.so.0``.
+4. the system loader: ``ctypes.util.find_library("sdpa")``, else ``libsdpa.so.0``.
 
 It is loaded once per process, on first use (or by ``sdpa.load_library()``); the handle is the
 only module state of the package.
@@ -334,12 +336,24 @@ def build_tree_candidates(root=None, expected=None):
     return [r[-1] for r in ranked]
 
 
+def bundled_candidates(package_dir=None):
+    """libsdpa.so* files next to this package's modules (the copy a wheel bundles), the plain
+    libsdpa.so first."""
+    package_dir = package_dir or os.path.dirname(os.path.abspath(__file__))
+    found = [p for p in glob.glob(os.path.join(package_dir, "libsdpa.so*"))
+             if os.path.isfile(p) and not p.endswith((".p", ".symbols"))]
+    return sorted(found, key=lambda p: (not p.endswith("libsdpa.so"), p))
+
+
 def find_library():
-    """(path or name, origin) of the libsdpa to load, without loading it; raises
-    SdpaLibraryError naming the places tried if there is none."""
+    """(path or name, origin) of the libsdpa to load, without loading it: SDPA_LIBRARY, the
+    bundled copy, the build tree, the system loader."""
     env = os.environ.get("SDPA_LIBRARY")
     if env:
         return env, "SDPA_LIBRARY"
+    bundled = bundled_candidates()
+    if bundled:
+        return bundled[0], "bundled with the package"
     built = build_tree_candidates()
     if built:
         return built[0], f"build tree of {repository_root()}"
@@ -358,7 +372,8 @@ def load(path=None, origin=None, expected=None):
     try:
         cdll = ctypes.CDLL(path)
     except OSError as e:
-        tried = ("the SDPA_LIBRARY environment variable, libsdpa.so* under "
+        tried = ("the SDPA_LIBRARY environment variable, the package's bundled libsdpa.so in "
+                 f"{os.path.dirname(os.path.abspath(__file__))}, libsdpa.so* under "
                  f"{os.path.join(repository_root(), 'build*')}, the system loader")
         raise SdpaLibraryError(
             f"cannot load libsdpa from {path} (found via {origin}): {e}. Looked in: {tried}. "
