@@ -45,6 +45,33 @@ class TensorViewTest(unittest.TestCase):
                 self.check(view, code)
             self.check(x.requires_grad_(True), code)  # inputs may require grad
 
+    def test_dlpack_capsule_bf16(self):
+        """The generic DLPack path (capsule read with ctypes) on torch's own __dlpack__, for
+        the dtype numpy has no type for."""
+        class DLPackOnly:
+            def __init__(self, t):
+                self.t = t
+
+            def __dlpack__(self, stream=None):
+                return self.t.__dlpack__()
+
+            def __dlpack_device__(self):
+                return self.t.__dlpack_device__()
+
+        x = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4).to(torch.bfloat16)
+        for view in (x, x.transpose(0, 2), x[:, 1:, ::2]):
+            v = tensor_view(DLPackOnly(view), "x")
+            self.assertEqual(v.dtype, _lib.SDPA_DTYPE_BF16)
+            self.assertEqual(v.data, view.data_ptr())
+            self.assertEqual(tuple(v.strides[:3]), tuple(view.stride()))
+
+    def test_masks_helpers_take_tensors(self):
+        keep = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.int32)
+        allow = sdpa.allow_from_keep_int(keep)
+        self.assertEqual(allow.tolist(), [[True, True, False], [True, False, False]])
+        both = sdpa.allow_and(torch.from_numpy(allow), torch.ones(3, dtype=torch.bool))
+        self.assertEqual(both.tolist(), allow.tolist())
+
     def test_rejections(self):
         with self.assertRaises(sdpa.SdpaDtypeError):
             tensor_view(torch.zeros(3, dtype=torch.float64), "x")
