@@ -84,6 +84,37 @@ class ThirtyTwoBitLimitTest(unittest.TestCase):
             self.assertNotIn("BLAS", e.message)
 
 
+class LoaderOrderTest(unittest.TestCase):
+    """SDPA_LIBRARY, then the package's bundled copy, then the build tree, then the system."""
+
+    def test_order(self):
+        saved_env = os.environ.pop("SDPA_LIBRARY", None)
+        saved = _lib.bundled_candidates, _lib.build_tree_candidates
+        try:
+            with tempfile.TemporaryDirectory() as pkg:
+                for name in ("libsdpa.so.0", "libsdpa.so"):
+                    open(os.path.join(pkg, name), "wb").close()
+                self.assertEqual(_lib.bundled_candidates(pkg),
+                                 [os.path.join(pkg, "libsdpa.so"), os.path.join(pkg, "libsdpa.so.0")])
+                _lib.bundled_candidates = lambda: [os.path.join(pkg, "libsdpa.so")]
+                _lib.build_tree_candidates = lambda: ["/repo/build/libsdpa.so"]
+                self.assertEqual(_lib.find_library(),
+                                 (os.path.join(pkg, "libsdpa.so"), "bundled with the package"))
+                os.environ["SDPA_LIBRARY"] = "/x/libsdpa.so"
+                self.assertEqual(_lib.find_library(), ("/x/libsdpa.so", "SDPA_LIBRARY"))
+                del os.environ["SDPA_LIBRARY"]
+                _lib.bundled_candidates = lambda: []
+                self.assertEqual(_lib.find_library()[0], "/repo/build/libsdpa.so")
+                _lib.build_tree_candidates = lambda: []
+                self.assertEqual(_lib.find_library()[1], "system loader")
+        finally:
+            _lib.bundled_candidates, _lib.build_tree_candidates = saved
+            if saved_env is not None:
+                os.environ["SDPA_LIBRARY"] = saved_env
+            else:
+                os.environ.pop("SDPA_LIBRARY", None)
+
+
 class PythonHintsTest(unittest.TestCase):
     def test_keyword_names_in_hints(self):
         q = np.zeros((1, 1, 3, 4), np.float32)
