@@ -2,7 +2,11 @@
  * mha_from_pytorch: run a torch.nn.MultiheadAttention layer exported from PyTorch with
  * sdpa_mha_forward() and check the result against PyTorch's own output.
  *
- *   mha_from_pytorch [FIXTURE_DIR]     (default ../tests/golden/mha_cross_kdim_vdim_padding)
+ *   mha_from_pytorch [FIXTURE_DIR]     (default tests/golden/mha_cross_kdim_vdim_padding)
+ *
+ * Without an argument the fixture is looked up relative to the repository root (where
+ * `./build/examples/mha_from_pytorch` is run from, and where meson test runs it), then
+ * relative to examples/ (../tests/golden/...).
  *
  * A fixture directory (tests/golden/README.md) holds manifest.json and one raw little-endian
  * float32 (or uint8 mask) file per array, named after the module's state_dict keys:
@@ -105,10 +109,17 @@ static double max_diff(const float *got, const float *want, int64_t n, int *bad)
     fprintf(stderr, "%s: %s\n", sdpa_status_string(s_), sdpa_last_error_message()); return 2; } } while (0)
 
 int main(int argc, char **argv) {
-    const char *dir = argc > 1 ? argv[1] : "../tests/golden/mha_cross_kdim_vdim_padding";
+    static const char *const defaults[] = {"tests/golden/mha_cross_kdim_vdim_padding",
+                                           "../tests/golden/mha_cross_kdim_vdim_padding"};
+    const char *dir = argc > 1 ? argv[1] : defaults[0];
     char path[512];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     FILE *f = fopen(path, "rb");
+    if (!f && argc <= 1) { /* run from examples/ */
+        dir = defaults[1];
+        snprintf(path, sizeof path, "%s/manifest.json", dir);
+        f = fopen(path, "rb");
+    }
     size_t len = f ? fread(manifest, 1, sizeof manifest - 1, f) : 0;
     if (!f || len == 0) { fprintf(stderr, "cannot read %s\n", path); return 2; }
     fclose(f);

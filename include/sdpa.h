@@ -389,7 +389,7 @@ typedef struct sdpa_options {
      *  key j allowed only if p - window_left <= j <= p + window_right. A Hugging Face
      *  sliding_window=W (with causal) is (W-1, 0). Values < -1 are rejected. */
     int64_t window_left;
-    int64_t window_right;
+    int64_t window_right; /**< right side of the window (see window_left); -1 = unbounded */
 
     /** Allow-mask (nullable), broadcast to [B, Hq, L, S]; nonzero = allowed. */
     const sdpa_allow_mask *allow_mask;
@@ -429,7 +429,7 @@ typedef struct sdpa_options {
     int32_t num_threads;
     /** Dropout RNG key (seed) and stream offset; see dropout_p. */
     uint64_t dropout_seed;
-    uint64_t dropout_offset;
+    uint64_t dropout_offset; /**< dropout stream offset (Philox counter words 0..1); see dropout_p */
 
     /** Caller workspace (nullable): at least sdpa_attention_workspace_size() bytes, any
      *  alignment, overlapping no input or output (SDPA_ERR_OVERLAP). NULL = the library
@@ -501,7 +501,14 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * Validation runs completely before any output byte is written; on failure every output
  * is untouched and sdpa_last_error_message() names the argument, axis and values.
  *
- * @param q,k,v   [in] float32 views as above.
+ * Size limit: L, S, E and Ev must each be below 2^31 (else SDPA_ERR_SIZE_OVERFLOW), on every
+ * path: the kernels keep key positions, row indices and head widths in 32-bit integers (in
+ * their workspaces and SIMD lanes), and the reference kernel's BLAS products take int
+ * dimensions. B and H are not limited beyond the int64_t/size_t products.
+ *
+ * @param q       [in] query view [B, Hq, L, E] (or [B, L, E]), float32 (shapes above).
+ * @param k       [in] key view [B, Hkv, S, E] (or [B, S, E]), float32.
+ * @param v       [in] value view [B, Hkv, S, Ev] (or [B, S, Ev]), float32.
  * @param options [in] nullable (= defaults); see sdpa_options.
  * @param out     [out] float32 [B, Hq, L, Ev]; its address range must not overlap the address
  *                range of any input or other output (checked conservatively on ranges).
@@ -517,7 +524,7 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @retval SDPA_ERR_STRIDE         output stride <= 0 on a dimension of size > 1, or self-overlap
  * @retval SDPA_ERR_OVERLAP        an output overlaps an input, another output or the workspace,
  *                                 or the workspace overlaps an input
- * @retval SDPA_ERR_SIZE_OVERFLOW  shape products overflow
+ * @retval SDPA_ERR_SIZE_OVERFLOW  shape products overflow, or L, S, E or Ev >= 2^31
  * @retval SDPA_ERR_EMPTY_DIMENSION E == 0
  * @retval SDPA_ERR_DTYPE          a view that is not float32 (float16/bfloat16 views are valid
  *                                 views, but this version has no kernels for them yet)
@@ -750,7 +757,7 @@ typedef struct sdpa_mha_params {
      *  multiply to Dkv with the last = Dkv). Both or neither. They append one key/value row
      *  after the projected keys, which every query may attend. */
     const sdpa_tensor *bias_k;
-    const sdpa_tensor *bias_v;
+    const sdpa_tensor *bias_v; /**< PyTorch bias_v [1, 1, Dkv]; with bias_k (see there) */
     /** add_zero_attn: 1 = append one all-zero key/value row (after bias_k/bias_v), which every
      *  query may attend. */
     int32_t add_zero_attn;
@@ -795,8 +802,8 @@ typedef struct sdpa_mha_options {
      *  as sdpa_options.dropout_p, with the layer's (b, h, i, j) over the S' keys. Returned
      *  weights are pre-dropout (PyTorch returns post-dropout weights when training). */
     float dropout_p;
-    uint64_t dropout_seed;
-    uint64_t dropout_offset;
+    uint64_t dropout_seed;   /**< dropout RNG key, as sdpa_options.dropout_seed */
+    uint64_t dropout_offset; /**< dropout stream offset, as sdpa_options.dropout_offset */
     /** sdpa_empty_rows for rows that no key may reach. Default SDPA_EMPTY_ROWS_ERROR. */
     int32_t empty_rows;
     /** Threads as sdpa_options.num_threads (0 = online CPUs). */
@@ -804,7 +811,7 @@ typedef struct sdpa_mha_options {
     /** Caller workspace (nullable) of at least sdpa_mha_workspace_size() bytes; NULL = the
      *  library allocates and frees before returning. */
     void *workspace;
-    size_t workspace_bytes;
+    size_t workspace_bytes; /**< size of workspace in bytes */
 } sdpa_mha_options;
 
 /** Fill the first struct_size bytes of *params with defaults (all zero) and set struct_size.

@@ -105,7 +105,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
                           FN, (long long)p->Hq, (long long)p->Hkv);
     p->group = p->Hkv == 0 ? 1 : p->Hq / p->Hkv;
     if (p->L > INT32_MAX || p->S > INT32_MAX || p->E > INT32_MAX || p->Ev > INT32_MAX)
-        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: L=%lld, S=%lld, E=%lld, Ev=%lld must each fit in 32 bits (BLAS dimensions)",
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: L=%lld, S=%lld, E=%lld, Ev=%lld must each fit in 32 bits (libsdpa indexes key positions, rows and widths with 32-bit integers on every path)",
                           FN, (long long)p->L, (long long)p->S, (long long)p->E, (long long)p->Ev);
     if (p->E == 0)
         return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: head width E=query.shape[%d]=0 (the default scale 1/sqrt(E) is undefined)",

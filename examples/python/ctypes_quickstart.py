@@ -106,23 +106,28 @@ class SdpaError(RuntimeError):
 
 # ------------------------------------------------------------------------------ loading
 
-def find_library():
-    """Return (path, where it came from) of the libsdpa shared library to load."""
-    if len(sys.argv) > 1:
-        return sys.argv[1], "command line"
-    if os.environ.get("SDPA_LIBRARY"):
-        return os.environ["SDPA_LIBRARY"], "SDPA_LIBRARY"
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    built = glob.glob(os.path.join(root, "build", "libsdpa.so"))
-    built += sorted(glob.glob(os.path.join(root, "build?*", "libsdpa.so")),
-                    key=os.path.getmtime, reverse=True)
+def find_library(argv=None, environ=None, root=None):
+    """Return (path, where it came from) of the libsdpa shared library to load, or None when
+    there is none. A build directory that is configured but not built yet (or whose library
+    was removed) has no file, or a dangling libsdpa.so link: such candidates are skipped."""
+    argv = sys.argv if argv is None else argv
+    environ = os.environ if environ is None else environ
+    if len(argv) > 1:
+        return argv[1], "command line"
+    if environ.get("SDPA_LIBRARY"):
+        return environ["SDPA_LIBRARY"], "SDPA_LIBRARY"
+    if root is None:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # os.path.isfile follows links: a dangling libsdpa.so (or a directory) is not a candidate.
+    built = [p for p in glob.glob(os.path.join(root, "build", "libsdpa.so")) if os.path.isfile(p)]
+    built += sorted((p for p in glob.glob(os.path.join(root, "build?*", "libsdpa.so"))
+                     if os.path.isfile(p)), key=os.path.getmtime, reverse=True)
     if built:
         return built[0], "build tree"
     system = ctypes.util.find_library("sdpa")
     if system:
         return system, "system"
-    sys.exit("libsdpa not found: build it (meson setup build && ninja -C build) "
-             "or set SDPA_LIBRARY=/path/to/libsdpa.so")
+    return None
 
 
 def load(path):
@@ -215,7 +220,11 @@ def attention(lib, q, k, v, out, causal=False, alignment=SDPA_ALIGN_TOP_LEFT):
 # ---------------------------------------------------------------------------------- main
 
 def main():
-    path, origin = find_library()
+    found = find_library()
+    if found is None:
+        sys.exit("libsdpa not found: build it (meson setup build && ninja -C build) "
+                 "or set SDPA_LIBRARY=/path/to/libsdpa.so")
+    path, origin = found
     lib = load(path)
     version = lib.sdpa_version()
     print(f"loaded {path} ({origin}): libsdpa {lib.sdpa_version_string().decode()}")

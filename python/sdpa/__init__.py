@@ -6,10 +6,13 @@
     layer = sdpa.MultiheadAttention.from_state_dict(state_dict, num_heads=8)
     y, w = layer(x, x, x)
 
-numpy float32 arrays of any strides are passed to the library as views, never copied. Errors
-raise sdpa.SdpaError subclasses carrying the status and the library's message. The library is
-found through $SDPA_LIBRARY, then this checkout's build*/ directories, then the system loader
-(see sdpa._lib), and must be libsdpa 0.x with x >= 2.
+Arrays of any strides (numpy, torch CPU tensors, objects with __dlpack__ or
+__array_interface__; float32, float16, bfloat16) are passed to the library as views, never
+copied or converted; results are torch tensors for torch inputs. Errors raise sdpa.SdpaError
+subclasses carrying the status and the library's message. The library is found through
+$SDPA_LIBRARY, then the copy bundled with an installed package (pip), then this checkout's
+build*/ directories, then the system loader (see sdpa._lib), and must be libsdpa 0.x with
+x >= 3.
 """
 from ._errors import (STATUS_NAMES, SdpaArgumentError, SdpaDtypeError, SdpaError,
                       SdpaInternalError, SdpaLibraryError, SdpaResourceError, SdpaShapeError,

@@ -100,6 +100,34 @@ def make_error(status, message, name=None):
     return error_class(status)(status, name, message)
 
 
+# The library's messages name C spellings in their hints; a Python caller passes keywords. Each
+# C enum name becomes the keyword argument that selects it (SDPA_EMPTY_ROWS_ZERO ->
+# empty_rows="zero"); the rest of the message (argument names, values) stays the library's.
+_C_ENUM_KEYWORDS = (
+    ("SDPA_EMPTY_ROWS_", "empty_rows"),
+    ("SDPA_KERNEL_", "kernel"),
+    ("SDPA_ALIGN_", "alignment"),
+    ("SDPA_WEIGHTS_", "weights_stage"),
+)
+_C_PHRASES = (
+    ("pass weights=NULL", "pass need_weights=False"),
+    ("query_offsets is NULL", "query_offsets is None"),
+)
+
+
+def python_hints(message):
+    """The library's message with its C enum names replaced by the Python keyword arguments
+    that select them, e.g. 'use SDPA_EMPTY_ROWS_ZERO to get a zero row' -> 'use
+    empty_rows="zero" to get a zero row'."""
+    import re
+    for old, new in _C_PHRASES:
+        message = message.replace(old, new)
+    for prefix, keyword in _C_ENUM_KEYWORDS:
+        message = re.sub(re.escape(prefix) + r"([A-Z_]+)\b",
+                         lambda m: f'{keyword}="{m.group(1).lower()}"', message)
+    return re.sub(r"options->(\w+)=\1=", r"\1=", message)  # options->kernel=kernel="tiled"
+
+
 def py_error(status_name, message):
     """An error found by this package before calling the library, reported with the status the
     library would have used (status_name such as "SDPA_ERR_DTYPE")."""

@@ -4,10 +4,12 @@ The library is looked up, in this order:
 
 1. the environment variable ``SDPA_LIBRARY`` (a path; ``meson test`` sets it to the library it
    just built);
-2. the build tree of the checkout this package lives in: ``libsdpa.so*`` under the
+2. the package's own copy: ``libsdpa.so*`` next to this file, which a wheel built by
+   ``pip install .`` / ``python3 -m build`` (meson-python) bundles;
+3. the build tree of the checkout this package lives in: ``libsdpa.so*`` under the
    ``build*/`` directories of the repository root (``python/sdpa/../..``), preferring libraries
    whose file name carries a compatible version, then ``build/``, then the newest;
-3. the system loader: ``ctypes.util.find_library("sdpa")``, else ``libsdpa.so.0``.
+4. the system loader: ``ctypes.util.find_library("sdpa")``, else ``libsdpa.so.0``.
 
 It is loaded once per process, on first use (or by ``sdpa.load_library()``); the handle is the
 only module state of the package.
@@ -19,7 +21,7 @@ import os
 import re
 import threading
 
-from ._errors import SdpaLibraryError, SdpaVersionError, make_error
+from ._errors import SdpaLibraryError, SdpaVersionError, make_error, python_hints
 
 #: The libsdpa version this package was written for: a library of the same major version and a
 #: minor version >= this one is accepted.
@@ -28,6 +30,8 @@ EXPECTED_VERSION = (0, 3, 0)
 SDPA_MAX_RANK = 8
 SDPA_MASK_MAX_RANK = 4
 SDPA_DTYPE_F32 = 0
+SDPA_DTYPE_F16 = 1
+SDPA_DTYPE_BF16 = 2
 
 c_status = ctypes.c_int  # sdpa_status is int-sized (SDPA_STATUS_FORCE_INT32_)
 
@@ -255,11 +259,12 @@ class Library:
 
     def check(self, status):
         """Raise the SdpaError of a non-zero status, with the detail message of this thread's
-        last failure (read right away, before any other libsdpa call)."""
+        last failure (read right away, before any other libsdpa call); C enum names in its
+        hints are given as the Python keywords (_errors.python_hints)."""
         if status != 0:
             message = self.cdll.sdpa_last_error_message()
             name = self.cdll.sdpa_status_string(status)
-            raise make_error(status, (message or b"").decode("utf-8", "replace"),
+            raise make_error(status, python_hints((message or b"").decode("utf-8", "replace")),
                              (name or b"SDPA_ERR_UNKNOWN").decode("ascii", "replace"))
 
     def status_string(self, status):
@@ -331,12 +336,24 @@ def build_tree_candidates(root=None, expected=None):
     return [r[-1] for r in ranked]
 
 
+def bundled_candidates(package_dir=None):
+    """libsdpa.so* files next to this package's modules (the copy a wheel bundles), the plain
+    libsdpa.so first."""
+    package_dir = package_dir or os.path.dirname(os.path.abspath(__file__))
+    found = [p for p in glob.glob(os.path.join(package_dir, "libsdpa.so*"))
+             if os.path.isfile(p) and not p.endswith((".p", ".symbols"))]
+    return sorted(found, key=lambda p: (not p.endswith("libsdpa.so"), p))
+
+
 def find_library():
-    """(path or name, origin) of the libsdpa to load, without loading it; raises
-    SdpaLibraryError naming the places tried if there is none."""
+    """(path or name, origin) of the libsdpa to load, without loading it: SDPA_LIBRARY, the
+    bundled copy, the build tree, the system loader."""
     env = os.environ.get("SDPA_LIBRARY")
     if env:
         return env, "SDPA_LIBRARY"
+    bundled = bundled_candidates()
+    if bundled:
+        return bundled[0], "bundled with the package"
     built = build_tree_candidates()
     if built:
         return built[0], f"build tree of {repository_root()}"
@@ -355,7 +372,8 @@ def load(path=None, origin=None, expected=None):
     try:
         cdll = ctypes.CDLL(path)
     except OSError as e:
-        tried = ("the SDPA_LIBRARY environment variable, libsdpa.so* under "
+        tried = ("the SDPA_LIBRARY environment variable, the package's bundled libsdpa.so in "
+                 f"{os.path.dirname(os.path.abspath(__file__))}, libsdpa.so* under "
                  f"{os.path.join(repository_root(), 'build*')}, the system loader")
         raise SdpaLibraryError(
             f"cannot load libsdpa from {path} (found via {origin}): {e}. Looked in: {tried}. "

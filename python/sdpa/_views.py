@@ -5,8 +5,9 @@ converted from bytes to elements. Nothing is copied, so the caller must keep the
 while the view is used: every function of the package holds its arrays in local variables for
 the whole library call.
 
-Policy: arrays the library reads are never copied. An array of another dtype (float64, float16,
-a byte-swapped float32), a stride that is not a whole number of elements, or a misaligned
+Policy: arrays the library reads are never copied or converted. float32, float16 and bfloat16
+(torch) arrays are passed with their dtype; the library's status says whether it computes with
+it. An array of another dtype (float64, a byte-swapped float32), a stride that is not a whole number of elements, or a misaligned
 buffer raises SdpaDtypeError / SdpaShapeError instead of being converted silently; convert it
 yourself (``np.asarray(x, dtype=np.float32)``) if a copy is what you want.
 """
@@ -16,10 +17,13 @@ import operator
 
 import numpy as np
 
+from ._arrays import as_numpy, is_bf16
 from ._errors import py_error
-from ._lib import SDPA_DTYPE_F32, SDPA_MASK_MAX_RANK, SDPA_MAX_RANK, SdpaAllowMask, SdpaTensor
+from ._lib import (SDPA_DTYPE_BF16, SDPA_DTYPE_F16, SDPA_DTYPE_F32, SDPA_MASK_MAX_RANK,
+                   SDPA_MAX_RANK, SdpaAllowMask, SdpaTensor)
 
 F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
 _MASK_DTYPES = (np.dtype(np.bool_), np.dtype(np.uint8))
 
 
@@ -28,30 +32,39 @@ def address(array):
     return array.__array_interface__["data"][0]
 
 
-def _require_ndarray(array, name):
-    if not isinstance(array, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(array).__name__} "
-                        f"(e.g. np.asarray({name}, dtype=np.float32))")
+def sdpa_dtype(dtype):
+    """The sdpa_dtype of a numpy dtype (float32, float16, or BF16 for torch bfloat16), or None.
+    The package maps storage types only: whether the library computes with one is its answer
+    (SDPA_ERR_DTYPE from a library without it)."""
+    if is_bf16(dtype):
+        return SDPA_DTYPE_BF16
+    if dtype == F32:
+        return SDPA_DTYPE_F32
+    if dtype == F16:
+        return SDPA_DTYPE_F16
+    return None
 
 
 def tensor_view(array, name, writable=False):
-    """An SdpaTensor over a float32 numpy array of any strides (negative and 0 included; the
-    library accepts them on inputs). No copy."""
-    _require_ndarray(array, name)
-    if array.dtype != F32:
+    """An SdpaTensor over an array (numpy, torch CPU tensor, __dlpack__ or __array_interface__
+    object; see _arrays) of float32, float16 or bfloat16 and any strides (negative and 0
+    included; the library accepts them on inputs). No copy, no conversion."""
+    array = as_numpy(array, name, writable)
+    code = sdpa_dtype(array.dtype)
+    if code is None:
         raise py_error("SDPA_ERR_DTYPE",
-                       f"{name}.dtype={array.dtype.str} ({array.dtype}), expected float32 in "
-                       "native byte order; libsdpa computes float32 and this package never "
-                       f"copies inputs: pass np.asarray({name}, dtype=np.float32)")
+                       f"{name}.dtype={array.dtype.str} ({array.dtype}), expected float32, "
+                       "float16 or bfloat16 in native byte order; this package never converts "
+                       f"or copies inputs: pass np.asarray({name}, dtype=np.float32)")
     if not 1 <= array.ndim <= SDPA_MAX_RANK:
         raise py_error("SDPA_ERR_RANK", f"{name}.ndim={array.ndim} is outside 1..{SDPA_MAX_RANK}")
     if writable and not array.flags.writeable:
         raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"{name} is read-only")
     t = SdpaTensor()  # zero-filled: unused shape/stride entries and reserved[] are 0
     t.data = address(array) or None
-    t.dtype = SDPA_DTYPE_F32
+    t.dtype = code
     t.rank = array.ndim
-    _fill(t, array, name, 4)
+    _fill(t, array, name, array.dtype.itemsize)
     return t
 
 
@@ -70,8 +83,8 @@ def _fill(view, array, name, itemsize):
 
 def mask_view(array, name):
     """An SdpaAllowMask over a bool or uint8 numpy array (nonzero = allowed) of rank 1..4 and
-    any strides. No copy."""
-    _require_ndarray(array, name)
+    any strides (numpy, torch CPU tensor, or another array; see _arrays). No copy."""
+    array = as_numpy(array, name)
     if array.dtype not in _MASK_DTYPES:
         if array.dtype.kind == "f":
             hint = ("a float mask is additive: pass it as bias= (or attn_mask= to "
@@ -93,12 +106,14 @@ def mask_view(array, name):
 
 
 def is_additive(mask, name):
-    """True when a mask array is additive (floating point); such a mask must be float32 and
-    another float dtype raises SdpaDtypeError. False for a bool/integer mask."""
-    if mask.dtype.kind != "f":
+    """True when a mask array is additive (floating point: float32, float16 or bfloat16, passed
+    to the library as a bias of that dtype); another float dtype raises SdpaDtypeError. False
+    for a bool/integer mask."""
+    if not (mask.dtype.kind == "f" or is_bf16(mask.dtype)):
         return False
-    if mask.dtype != F32:
-        raise py_error("SDPA_ERR_DTYPE", f"a float {name} must be float32, got {mask.dtype}")
+    if sdpa_dtype(mask.dtype) is None:
+        raise py_error("SDPA_ERR_DTYPE", f"a float {name} must be float32 (or float16/bfloat16), "
+                       f"got {mask.dtype}")
     return True
 
 

@@ -4,9 +4,10 @@ import ctypes
 import numpy as np
 
 from . import _lib
+from ._arrays import as_numpy, kind_of, new_array, wrap
 from ._errors import py_error
-from ._views import (attach_vector, attach_view, choice, int32, int64, is_additive, mask_view,
-                     real, tensor_view, uint64)
+from ._views import (F32, attach_vector, attach_view, choice, int32, int64, is_additive,
+                     mask_view, real, sdpa_dtype, tensor_view, uint64)
 
 __all__ = ["scaled_dot_product_attention", "merge", "last_kernel", "ALIGNMENTS", "EMPTY_ROWS",
            "WEIGHTS_STAGES", "KERNELS"]
@@ -77,15 +78,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
                                  is_causal=None, alignment=None, query_offsets=None,
                                  dropout_offset=0, weights_stage="probabilities",
                                  check_finite=True, kernel="auto", num_threads=0, out=None):
-    """Scaled dot-product attention on float32 numpy arrays (libsdpa's sdpa_attention).
+    """Scaled dot-product attention on numpy arrays, torch CPU tensors or any array with
+    __dlpack__ / __array_interface__ (libsdpa's sdpa_attention), without copies.
 
         out = softmax(softcap(scale * query @ key^T) + bias, masked) @ value
 
     Shapes: query [B, Hq, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] -> out
     [B, Hq, L, Ev]; rank 3 ([B, L, E]) means one head. Hq % Hkv == 0 (GQA: query head h reads
     kv head h // (Hq // Hkv)). Any strides: a [B, L, H, E] buffer is passed as
-    ``x.transpose(0, 2, 1, 3)``. Inputs are never copied; they must be float32 (else
-    SdpaDtypeError) with strides that are whole elements (else SdpaShapeError).
+    ``x.transpose(0, 2, 1, 3)`` (torch: ``x.transpose(1, 2)``). Inputs are never copied or
+    converted: float32, float16 and bfloat16 (torch) views are passed with their dtype (the
+    library answers SdpaDtypeError for a dtype it does not compute); other dtypes raise
+    SdpaDtypeError; strides must be whole elements (else SdpaShapeError).
 
     attn_mask: bool/uint8 = allow-mask (True = the key takes part, as PyTorch SDPA), or float32
         = additive (0 / -inf, as PyTorch), passed to the library as the bias (added to `bias`
@@ -113,9 +117,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
         `causal` does not name it; query_offsets ([B] ints) implies "offsets".
     check_finite: False skips the library's NaN/Inf scan of the inputs.
     kernel: "auto", "reference", "tiled" or "decode"; num_threads: 0 = online CPUs.
-    out: optional float32 array [B, Hq, L, Ev] (any positive strides) to write into.
+    out: optional array [B, Hq, L, Ev] (any positive strides; numpy, torch tensor, ...) to
+        write into; it is returned as given. Without it, out is new, of the query's dtype.
 
-    Returns: `out` alone when need_weights and need_lse are both false; otherwise a tuple
+    Returns (numpy arrays, or torch tensors when query is a torch tensor): `out` alone when need_weights and need_lse are both false; otherwise a tuple
     ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)``: out first, then the requested
     extras in the order weights, lse.
 
@@ -124,9 +129,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     SdpaResourceError. On error nothing is written to `out`.
     """
     lib = _lib.get()
+    # Results come back as the caller's type: `out` itself when given, else torch tensors for
+    # torch inputs and numpy arrays otherwise. Every array below is a numpy view of the
+    # caller's memory (_arrays.as_numpy), never a copy.
+    out_given = out
+    like = kind_of(query)
+    query = as_numpy(query, "query")
+    key = as_numpy(key, "key")
+    value = as_numpy(value, "value")
     for name, a in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(a, np.ndarray) or a.ndim < 2:
-            tq = tensor_view(a, name)  # raises the precise error (type, dtype, rank)
+        if a.ndim < 2:
+            tensor_view(a, name)  # raises the precise error (dtype, rank)
             raise py_error("SDPA_ERR_RANK", f"{name}.ndim={a.ndim}, expected 3 or 4")
     tq = tensor_view(query, "query")
     tk = tensor_view(key, "key")
@@ -135,11 +148,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
 
     out_shape = query.shape[:-1] + value.shape[-1:]
     if out is None:
-        out = np.empty(out_shape, dtype=np.float32)
-    elif not isinstance(out, np.ndarray) or out.shape != out_shape:
-        raise py_error("SDPA_ERR_SHAPE",
-                       f"out has shape {getattr(out, 'shape', None)}, expected {out_shape}")
+        # out takes the query's dtype (as torch does); weights and lse are float32.
+        out_dtype = query.dtype if sdpa_dtype(query.dtype) is not None else F32
+        out, out_given = new_array(out_shape, out_dtype, like)
+    else:
+        like = None
+        out = as_numpy(out, "out", writable=True)
+        if out.shape != out_shape:
+            raise py_error("SDPA_ERR_SHAPE", f"out has shape {out.shape}, expected {out_shape}")
     tout = tensor_view(out, "out", writable=True)
+    result_like = like or kind_of(out_given)
     weights = lse = tw = tl = None
     if need_weights:
         weights = np.empty(query.shape[:-1] + key.shape[-2:-1], dtype=np.float32)
@@ -172,21 +190,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     # Masks and biases. Every array used by the call stays referenced by a local variable.
     mask_arr = bias_arr = None
     if attn_mask is not None:
-        if not isinstance(attn_mask, np.ndarray):
-            raise TypeError("attn_mask must be a numpy.ndarray (bool/uint8 = allow, "
-                            "float32 = additive)")
+        attn_mask = as_numpy(attn_mask, "attn_mask")
         if is_additive(attn_mask, "attn_mask"):
             bias_arr = _head_axis(attn_mask, qnd)
         else:
             mask_arr = _head_axis(attn_mask, qnd)
     if bias is not None:
-        if not isinstance(bias, np.ndarray):
-            raise TypeError("bias must be a float32 numpy.ndarray")
-        b = _head_axis(bias, qnd)
+        b = _head_axis(as_numpy(bias, "bias"), qnd)
         if bias_arr is None:
             bias_arr = b
         else:
             tensor_view(b, "bias")  # dtype/rank errors before combining
+            if bias_arr.dtype != F32 or b.dtype != F32:
+                raise py_error("SDPA_ERR_DTYPE", "a float attn_mask and a bias are summed into "
+                               "a new float32 array: both must be float32")
             bias_arr = np.add(bias_arr, b, dtype=np.float32)
     tmask = attach_view(opt, "allow_mask", mask_view, mask_arr, "attn_mask")
     tbias = attach_view(opt, "bias", tensor_view, bias_arr, "bias")
@@ -216,12 +233,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     del mask_arr, bias_arr, kl, ql, qo
 
     if weights is None and lse is None:
-        return out
-    result = (out,)
+        return out_given
+    result = (out_given,)
     if weights is not None:
-        result += (weights,)
+        result += (wrap(weights, result_like),)
     if lse is not None:
-        result += (lse,)
+        result += (wrap(lse, result_like),)
     return result
 
 
@@ -235,6 +252,9 @@ def merge(out_a, lse_a, out_b, lse_b):
     the other side; -inf on both gives a zero row and lse = -inf.
     Returns (out, lse), new arrays."""
     lib = _lib.get()
+    like = kind_of(out_a)
+    out_a, lse_a = as_numpy(out_a, "out_a"), as_numpy(lse_a, "lse_a")
+    out_b, lse_b = as_numpy(out_b, "out_b"), as_numpy(lse_b, "lse_b")
     ta = tensor_view(out_a, "out_a")
     tla = tensor_view(lse_a, "lse_a")
     tb = tensor_view(out_b, "out_b")
@@ -244,4 +264,4 @@ def merge(out_a, lse_a, out_b, lse_b):
     tout = tensor_view(out, "out", writable=True)
     tlse = tensor_view(lse, "lse", writable=True)
     lib.check(lib.sdpa_merge(ta, tla, tb, tlb, tout, tlse))
-    return out, lse
+    return wrap(out, like), wrap(lse, like)

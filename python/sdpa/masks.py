@@ -12,6 +12,7 @@ import ctypes
 import numpy as np
 
 from . import _lib
+from ._arrays import as_numpy, kind_of
 from ._errors import py_error
 from ._views import address, choice, int64, int64_vector, mask_view, real
 from .attention import ALIGNMENTS
@@ -23,6 +24,16 @@ __all__ = ["causal_allow_mask", "padding_allow_mask", "sliding_window_allow_mask
 
 #: sdpa_padding_side by name.
 PADDING_SIDES = {"right": 0, "left": 1}
+
+
+def _array(x, name):
+    """A numpy array over x: torch tensors, __dlpack__ and __array_interface__ objects through
+    _arrays.as_numpy (same memory); lists and scalars through np.asarray."""
+    if isinstance(x, np.ndarray):
+        return x
+    if kind_of(x) == "torch" or hasattr(x, "__dlpack__") or hasattr(x, "__array_interface__"):
+        return as_numpy(x, name)
+    return np.asarray(x)
 
 
 def _alloc_bool(shape):
@@ -118,6 +129,7 @@ def allow_and(a, b):
     """Logical AND of two allow-masks (bool/uint8, rank 1..4, any strides) with numpy
     broadcasting; a new bool array of the broadcast shape."""
     lib = _lib.get()
+    a, b = _array(a, "a"), _array(b, "b")
     ma, mb = mask_view(a, "a"), mask_view(b, "b")
     try:
         shape = np.broadcast_shapes(a.shape, b.shape)
@@ -148,7 +160,7 @@ def allow_from_ignore(ignore):
     key_padding_mask and bool attn_mask, torch.triu(ones, 1)): out = (ignore == 0).
     Accepts bool or integer arrays of any shape; returns a bool array of the same shape."""
     lib = _lib.get()
-    src = np.asarray(ignore)
+    src = _array(ignore, "ignore")
     if src.dtype == np.bool_ or src.dtype == np.uint8:
         flat = _flat_input(src, src.dtype, "ignore")
     elif src.dtype.kind in "iu":
@@ -166,9 +178,19 @@ def allow_from_keep_int(keep):
     sequence length passed by mistake is caught). Any integer (or integral) dtype; returns a
     bool array of the same shape."""
     lib = _lib.get()
-    src = np.asarray(keep)
+    src = _array(keep, "keep")
     if src.dtype.kind not in "iubf":
         raise py_error("SDPA_ERR_DTYPE", f"a keep mask must be integer, got {src.dtype}")
+    if src.dtype.kind == "f" and src.size:
+        # A NaN, an infinity or a fraction is reported before any cast (casting NaN to int32
+        # would print numpy's "invalid value encountered in cast" RuntimeWarning first).
+        values = src.reshape(-1)
+        bad_at = np.flatnonzero(~((values == 0) | (values == 1)))
+        if bad_at.size:
+            bad = int(bad_at[0])
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                           f"allow_from_keep_int: keep[{bad}]={values[bad]!r} is neither 0 nor 1 "
+                           "(lengths instead of a mask? see padding_allow_mask())")
     flat = _flat_input(src, np.int32, "keep")
     if src.dtype != np.int32 and not np.array_equal(flat, src):
         # Narrowing would hide a value like 2**32 + 1 or 0.5: report the first one here.
@@ -185,7 +207,7 @@ def allow_from_additive(additive, threshold=None):
     SdpaArgumentError: such a mask is a bias (pass it as bias=). With a threshold, values <=
     threshold are blocked (e.g. threshold=-1e4 for -1e9 style masks). Converted to float32."""
     lib = _lib.get()
-    src = np.asarray(additive)
+    src = _array(additive, "additive")
     if src.dtype.kind != "f":
         raise py_error("SDPA_ERR_DTYPE", f"an additive mask must be floating point, got {src.dtype}")
     flat = _flat_input(src, np.float32, "additive")
@@ -200,7 +222,7 @@ def allow_to_additive(allow):
     """Additive float32 mask from an allow-mask: allowed -> 0.0, blocked -> -inf (what PyTorch
     and ONNX float masks mean). Same shape."""
     lib = _lib.get()
-    src = np.asarray(allow)
+    src = _array(allow, "allow")
     if src.dtype != np.bool_ and src.dtype != np.uint8:
         raise py_error("SDPA_ERR_DTYPE", f"an allow-mask must be bool or uint8, got {src.dtype}")
     flat = _flat_input(src, src.dtype, "allow")

@@ -5,6 +5,7 @@ import ctypes
 import numpy as np
 
 from . import _lib
+from ._arrays import as_numpy, is_bf16, kind_of, new_array, wrap
 from ._errors import py_error
 from ._views import (attach_vector, attach_view, choice, int32, integer, is_additive, mask_view,
                      real, split_axis, tensor_view, uint64)
@@ -32,12 +33,17 @@ _PARAM_FIELDS = {
 
 
 def _to_numpy(value, key):
-    """A float32 numpy array from a numpy array or a torch tensor (duck-typed: torch is not
-    imported). float32 arrays are kept as given (no copy, any strides); other float dtypes are
-    converted once, here."""
-    if hasattr(value, "detach") and hasattr(value, "cpu") and hasattr(value, "numpy"):
-        value = value.detach().cpu().numpy()
-    array = np.asarray(value)
+    """A float32 numpy array from a numpy array, a torch tensor (CPU, any strides) or another
+    array (_arrays.as_numpy). float32 arrays are kept as given (no copy, any strides: later
+    in-place changes to the module's parameters are seen); other float dtypes are converted
+    once, here."""
+    if not isinstance(value, np.ndarray) and (kind_of(value) == "torch" or hasattr(value, "__dlpack__")
+                                              or hasattr(value, "__array_interface__")):
+        array = as_numpy(value, f"state_dict[{key!r}]")
+    else:
+        array = np.asarray(value)
+    if is_bf16(array.dtype):  # bfloat16 bits are the high half of a float32
+        return (array.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     if array.dtype.kind != "f":
         raise py_error("SDPA_ERR_DTYPE", f"state_dict[{key!r}] has dtype {array.dtype}, expected float")
     if array.dtype != np.float32:
@@ -170,6 +176,29 @@ class MultiheadAttention:
         layer.load_state_dict(sd)
         return layer
 
+    @classmethod
+    def from_torch(cls, module, *, num_threads=0):
+        """A layer with the configuration and the weights of a torch.nn.MultiheadAttention
+        module (duck-typed: torch is not imported). The weights are the module's own float32
+        parameters, viewed without a copy (later in-place updates to them are seen; other
+        dtypes are converted once). The layer takes the module's mode (module.training) and
+        dropout, so from_torch(m)(x, x, x) computes what m(x, x, x) does."""
+        needed = ("embed_dim", "num_heads", "dropout", "batch_first", "add_zero_attn", "kdim",
+                  "vdim", "in_proj_bias", "bias_k", "out_proj", "state_dict")
+        missing = [a for a in needed if not hasattr(module, a)]
+        if missing:
+            raise TypeError(f"from_torch expects a torch.nn.MultiheadAttention, got "
+                            f"{type(module).__name__} without {', '.join(missing)}")
+        sd = {k: v.detach() if hasattr(v, "detach") else v
+              for k, v in module.state_dict(keep_vars=True).items()}
+        layer = cls(module.embed_dim, module.num_heads, dropout=module.dropout,
+                    bias=module.in_proj_bias is not None, add_bias_kv=module.bias_k is not None,
+                    add_zero_attn=module.add_zero_attn, kdim=module.kdim, vdim=module.vdim,
+                    batch_first=module.batch_first, num_threads=num_threads)
+        layer.load_state_dict(sd)
+        layer.training = bool(getattr(module, "training", False))
+        return layer
+
     def load_state_dict(self, state_dict, strict=True):
         """Load weights named as in torch.nn.MultiheadAttention.state_dict(). With packed
         projections possible (kdim = vdim = embed_dim, no GQA), in_proj_weight or the three
@@ -255,9 +284,10 @@ class MultiheadAttention:
         lib = _lib.get()
         if not self._weights:
             raise py_error("SDPA_ERR_NULL_POINTER", "no weights loaded: call load_state_dict() first")
+        like = kind_of(query)  # results: torch tensors for torch inputs, else numpy arrays
+        query, key, value = (as_numpy(query, "query"), as_numpy(key, "key"),
+                             as_numpy(value, "value"))
         for name, a in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(a, np.ndarray):
-                raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
             if a.ndim not in (2, 3):
                 raise py_error("SDPA_ERR_RANK",
                                f"{name}.ndim={a.ndim}, expected 3 (batched) or 2 (unbatched)")
@@ -276,11 +306,10 @@ class MultiheadAttention:
         tq, tk, tv = tensor_view(q, "query"), tensor_view(k, "key"), tensor_view(v, "value")
 
         if not batched or self.batch_first:
-            out_user = np.empty((B, L, self.embed_dim), dtype=np.float32)
-            out_view = out_user
+            out_view, out_user = new_array((B, L, self.embed_dim), np.dtype(np.float32), like)
         else:
-            out_user = np.empty((L, B, self.embed_dim), dtype=np.float32)
-            out_view = out_user.transpose(1, 0, 2)
+            out_np, out_user = new_array((L, B, self.embed_dim), np.dtype(np.float32), like)
+            out_view = out_np.transpose(1, 0, 2)
         tout = tensor_view(out_view, "attn_output", writable=True)
 
         s_total = S + (1 if "bias_k" in self._weights else 0) + (1 if self.add_zero_attn else 0)
@@ -297,9 +326,8 @@ class MultiheadAttention:
         allow_mask = kpm_allow = bias_arr = None
         # key_padding_mask: bool = ignore -> allow-mask [B, S]; float = additive [B, 1, 1, S].
         if key_padding_mask is not None:
-            kpm = key_padding_mask if batched else np.asarray(key_padding_mask)[None]
-            if not isinstance(kpm, np.ndarray):
-                raise TypeError("key_padding_mask must be a numpy.ndarray")
+            kpm = as_numpy(key_padding_mask, "key_padding_mask")
+            kpm = kpm if batched else kpm[None]
             _check_mask_dtype(kpm, "key_padding_mask")
             if is_additive(kpm, "key_padding_mask"):
                 if kpm.ndim != 2:
@@ -310,8 +338,7 @@ class MultiheadAttention:
                 kpm_allow = allow_from_ignore(kpm)
         # attn_mask: [L, S] or [B*H, L, S]; bool = ignore; float = additive.
         if attn_mask is not None:
-            if not isinstance(attn_mask, np.ndarray):
-                raise TypeError("attn_mask must be a numpy.ndarray")
+            attn_mask = as_numpy(attn_mask, "attn_mask")
             _check_mask_dtype(attn_mask, "attn_mask")
             am = attn_mask
             if am.ndim == 3:
@@ -358,7 +385,7 @@ class MultiheadAttention:
             out_user = out_user[0]
             if weights is not None:
                 weights = weights[0]
-        return out_user, weights
+        return out_user, (None if weights is None else wrap(weights, like))
 
     def _params(self, lib):
         """(SdpaMhaParams, views) for the loaded weights; keep `views` alive during the call."""
