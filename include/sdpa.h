@@ -432,7 +432,8 @@ typedef struct sdpa_options {
     float dropout_p;
     /** Threads: 0 (default) = number of online CPUs; >= 1 = at most that many. The library
      *  runs its own threads over (batch, head, query block) and never changes process-wide
-     *  state (BLAS thread count, environment). Results never depend on this value. */
+     *  state (BLAS thread count, environment). Results never depend on this value. With a
+     *  caller pool or hook (0.5: threadpool, parallel_for) it caps the pool's thread count. */
     int32_t num_threads;
     /** Dropout RNG key (seed) and stream offset; see dropout_p. */
     uint64_t dropout_seed;
@@ -752,6 +753,11 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_
  * takes the other side's values exactly; both -inf gives a zero row and lse = -inf (as
  * sdpa_attention's SDPA_EMPTY_ROWS_ZERO). The result equals sdpa_attention() over A ∪ B
  * up to float32 rounding (as in FlashAttention's split-KV combine).
+ * Attention sinks (sdpa_options.sinks): the sink is one more term of the denominator, so it
+ * must be in exactly one part's lse: call one part with the sinks and the others without
+ * (a sink in two parts would count twice). A part whose keys are all blocked but which
+ * carries the sink has out 0 and lse = the sink (under SDPA_EMPTY_ROWS_ZERO), which merges
+ * correctly.
  *
  * Shapes: out_a, out_b, out [..., Ev] of rank 1..SDPA_MAX_RANK, all equal; lse_a, lse_b,
  * lse [...] = the out shape without its last axis (rank - 1; for rank-1 outs a rank-1
