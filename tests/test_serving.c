@@ -392,6 +392,91 @@ static void sinks_with_merge(void **state) {
     prob_free(&bpart);
 }
 
+
+/* Rows float32 cannot carry (the unnormalised P.V sum overflows: two keys of V near FLT_MAX)
+ * are redone in double (fallback_double.c): the sink must be in that path too. */
+static void sinks_in_double_fallback(void **state) {
+    (void)state;
+    prob P;
+    prob_init(&P, 1, 2, 1, 1, 2, 4, 3);
+    for (int t = 0; t < 8; ++t) P.q[t] = 0.0f; /* equal scores */
+    for (int t = 0; t < 6; ++t) P.v[t] = 3.0e38f;
+    P.use_sinks = 1;
+    P.sinks[0] = 0.0f;
+    P.sinks[1] = 1.0f;
+    for (int kk = 0; kk < 3; ++kk) {
+        float out[6], lse[2];
+        runcfg rc = {.kernel = KERNELS[kk], .threads = 1};
+        assert_int_equal(run(&P, &rc, out, lse), SDPA_OK);
+        for (int h = 0; h < 2; ++h) {
+            const double want = 3.0e38 * 2.0 / (2.0 + exp((double)P.sinks[h]));
+            for (int d = 0; d < 3; ++d)
+                if (fabs((double)out[h * 3 + d] - want) > 1e-6 * want)
+                    fail_msg("%s head %d: out %.9g, want %.9g", KNAMES[kk], h, (double)out[h * 3 + d], want);
+            assert_true(fabs((double)lse[h] - log(2.0 + exp((double)P.sinks[h]))) < 1e-6);
+        }
+    }
+    prob_free(&P);
+}
+
+/* The reference kernel's weights: probabilities with sinks sum to 1 - exp(sink - lse); the
+ * MASKED score stage holds the ALiBi term exactly as the explicit bias does. */
+static void weights_with_sinks_and_alibi(void **state) {
+    (void)state;
+    prob P;
+    prob_init(&P, 1, 2, 1, 3, 20, 8, 8);
+    P.causal = 1;
+    P.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    P.use_sinks = 1;
+    P.slopes_rank = 1;
+    P.slopes[0] = 0.5f;
+    P.slopes[1] = 0.125f;
+    const int64_t qs[4] = {1, 2, 3, 8}, ks[4] = {1, 1, 20, 8}, os[4] = {1, 2, 3, 8}, ws[4] = {1, 2, 3, 20},
+                  ls[3] = {1, 2, 3};
+    float out[48], w[120], w2[120], lse[6], bias[120];
+    sdpa_tensor tq, tk, tv, to, tw, tw2, tl, tb;
+    assert_int_equal(sdpa_tensor_init(&tq, P.q, 4, qs), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tk, P.k, 4, ks), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tv, P.v, 4, ks), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&to, out, 4, os), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tw, w, 4, ws), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tw2, w2, 4, ws), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tb, bias, 4, ws), SDPA_OK);
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 3; ++i)
+            for (int j = 0; j < 20; ++j) {
+                const int64_t d = pos_of(&P, 0, i) - j;
+                bias[(h * 3 + i) * 20 + j] = -(P.slopes[h] * (float)(d < 0 ? -d : d));
+            }
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.causal = 1;
+    o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    o.sinks = P.sinks;
+    o.alibi_slopes = P.slopes;
+    o.alibi_slopes_rank = 1;
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, &o, &to, &tw, &tl), SDPA_OK);
+    expect_close(&P, out, lse, 3e-5, "reference with weights");
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 3; ++i) {
+            double sum = 0.0;
+            for (int j = 0; j < 20; ++j)
+                sum += w[(h * 3 + i) * 20 + j];
+            const double want = 1.0 - exp((double)P.sinks[h] - (double)lse[h * 3 + i]);
+            if (fabs(sum - want) > 1e-5)
+                fail_msg("head %d row %d: weights sum %.7g, want 1 - exp(sink - lse) = %.7g", h, i, sum, want);
+        }
+    o.weights_stage = SDPA_WEIGHTS_MASKED;
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, &o, &to, &tw, NULL), SDPA_OK);
+    o.alibi_slopes = NULL;
+    o.alibi_slopes_rank = 0;
+    o.bias = &tb;
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, &o, &to, &tw2, NULL), SDPA_OK);
+    assert_memory_equal(w, w2, sizeof w);
+    prob_free(&P);
+}
+
 /* ------------------------------------------------------------------------ ALiBi */
 
 /* The slopes written out independently: the geometric form start * ratio^i of the paper's code. */
@@ -725,6 +810,8 @@ int main(void) {
         cmocka_unit_test(sinks_empty_rows_and_padding),
         cmocka_unit_test(sinks_single_query_equals_batched),
         cmocka_unit_test(sinks_with_merge),
+        cmocka_unit_test(sinks_in_double_fallback),
+        cmocka_unit_test(weights_with_sinks_and_alibi),
         cmocka_unit_test(alibi_slopes_formula),
         cmocka_unit_test(alibi_matches_bias_and_reference),
         cmocka_unit_test(bad_sink_and_slope_arguments),
