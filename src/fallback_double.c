@@ -48,7 +48,7 @@ static double score(const sdpa__plan *p, const scratch *sc, int64_t b, int64_t h
         d = (double)p->softcap * tanh(d / (double)p->softcap);
     if (stage == SDPA_WEIGHTS_SOFTCAPPED)
         return d;
-    d -= (double)sdpa__rule_alibi_term(&p->rules, b, h, i, j);
+    d -= sdpa__rule_alibi_term(&p->rules, b, h, i, j);
     if (p->rules.has_bias)
         d += (double)sdpa__rule_bias_row(&p->rules, b, h, i)[j * p->rules.bias.strides[3]];
     return d;

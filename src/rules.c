@@ -38,12 +38,12 @@ void sdpa__rule_range(const sdpa__rules *r, int64_t b, int64_t i, int64_t *lo, i
     sdpa__rule_band(sdpa__rule_position(r, b, i), r->window_left, right, Sb, lo, hi);
 }
 
-float sdpa__rule_alibi_term(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j) {
+double sdpa__rule_alibi_term(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j) {
     const float slope = sdpa__rule_alibi_slope(r, b, h);
     if (slope == 0.0f)
-        return 0.0f;
+        return 0.0;
     const int64_t d = sdpa__rule_position(r, b, i) - j;
-    return slope * (float)(d < 0 ? -d : d);
+    return (double)slope * (double)(d < 0 ? -d : d);
 }
 
 void sdpa__rule_alibi_add(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, float *s,

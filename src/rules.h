@@ -82,8 +82,9 @@ static inline float sdpa__rule_alibi_slope(const sdpa__rules *r, int64_t b, int6
  * without ALiBi (slope 0). */
 void sdpa__rule_alibi_add(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, float *s,
                           ptrdiff_t stride);
-/* The same term of one pair (for the double fallback). */
-float sdpa__rule_alibi_term(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j);
+/* The same term of one pair in double, slope * |p - j| (for the double fallback: finite even
+ * where the float32 term overflows, so a huge slope still gives a finite score there). */
+double sdpa__rule_alibi_term(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j);
 
 /* The whole rule for one pair, given the row's structural range [lo, hi): range, allow-mask,
  * bias not -inf. */

@@ -582,6 +582,28 @@ static void alibi_matches_bias_and_reference(void **state) {
     }
 }
 
+/* A slope so large that the float32 term overflows (-inf scores): the row is redone in double
+ * and the nearest key takes all the weight. */
+static void alibi_huge_slope(void **state) {
+    (void)state;
+    prob P;
+    prob_init(&P, 1, 1, 1, 1, 8, 4, 2);
+    P.slopes_rank = 1;
+    P.slopes[0] = 1.0e38f;
+    P.alignment = SDPA_ALIGN_OFFSETS;
+    P.offsets[0] = 2; /* p = 2: key 2 has term 0, the others >= 1e38 (float32 inf from 4e38) */
+    for (int kk = 0; kk < 3; ++kk) {
+        float out[2], lse[1];
+        runcfg rc = {.kernel = KERNELS[kk], .threads = 1};
+        assert_int_equal(run(&P, &rc, out, lse), SDPA_OK);
+        for (int d = 0; d < 2; ++d)
+            if (!(fabsf(out[d] - P.v[2 * 2 + d]) <= 1e-6f))
+                fail_msg("%s: out[%d] = %g, want v[2] = %g", KNAMES[kk], d, (double)out[d], (double)P.v[4 + d]);
+        assert_true(isfinite(lse[0]));
+    }
+    prob_free(&P);
+}
+
 static void bad_sink_and_slope_arguments(void **state) {
     (void)state;
     prob P;
@@ -814,6 +836,7 @@ int main(void) {
         cmocka_unit_test(weights_with_sinks_and_alibi),
         cmocka_unit_test(alibi_slopes_formula),
         cmocka_unit_test(alibi_matches_bias_and_reference),
+        cmocka_unit_test(alibi_huge_slope),
         cmocka_unit_test(bad_sink_and_slope_arguments),
         cmocka_unit_test(pools_bit_identical_and_create_no_thread),
         cmocka_unit_test(pool_shared_by_threads),
