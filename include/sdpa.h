@@ -537,10 +537,13 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * GQA/MQA as PyTorch enable_gqa and ONNX).
  *
  * For each row (b, h, i) and key j:
- *   s = scale * <q_i, k_j>; softcap; s += bias; the key is allowed iff the allow-mask, the
+ *   s = scale * <q_i, k_j>; softcap; s += bias (0.5: and s -= alibi_slopes[h] * |p - j|,
+ *   sdpa_options.alibi_slopes); the key is allowed iff the allow-mask, the
  *   causal rule, key_lengths, the window and bias != -inf all allow it. Softmax runs over
  *   allowed keys only (blocked K/V/bias values never enter out or lse: NaN there cannot
- *   leak). out_i = sum_j w_ij v_j; lse_i = ln sum_j exp(s_ij) (natural log).
+ *   leak). out_i = sum_j w_ij v_j; lse_i = ln sum_j exp(s_ij) (natural log). 0.5: an
+ *   attention sink of head h (sdpa_options.sinks) adds exp(sinks[h]) to the denominator and
+ *   to lse only.
  *   Causal and window positions: p = i (TOP_LEFT), i + S_b - L_b (BOTTOM_RIGHT, with
  *   S_b = key_lengths[b] or S and L_b = query_lengths[b] or L, so the last valid query of each
  *   sequence sees every valid key, as FlashAttention varlen), or i + query_offsets[b].
@@ -559,7 +562,8 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @param out     [out] float32 [B, Hq, L, Ev]; its address range must not overlap the address
  *                range of any input or other output (checked conservatively on ranges).
  * @param weights [out] nullable; float32 [B, Hq, L, S]; content per options->weights_stage.
- * @param lse     [out] nullable; float32 [B, Hq, L]; -inf for empty and padded rows.
+ * @param lse     [out] nullable; float32 [B, Hq, L]; -inf for padded rows and for empty rows
+ *                (empty rows with a sink: the sink).
  * @retval SDPA_OK
  * @retval SDPA_ERR_NULL_POINTER   q, k, v, out or a view's data (non-empty) is NULL
  * @retval SDPA_ERR_STRUCT_VERSION options->struct_size out of range, unknown tail not zero, or
@@ -578,10 +582,13 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *                                 query length outside [0, S] / [0, L]; dropout_p outside
  *                                 [0, 1); unknown enum value;
  *                                 flag not 0/1; a view's or mask's reserved field or entry
- *                                 beyond rank not 0
+ *                                 beyond rank not 0; alibi_slopes_rank not 0/1/2 or not
+ *                                 matching alibi_slopes; parallel_for with threadpool, or
+ *                                 with parallel_for_threads < 1
  * @retval SDPA_ERR_UNSUPPORTED    options->kernel forces a kernel that cannot serve this call
  * @retval SDPA_ERR_EMPTY_ROW      a non-padding row has no allowed key under policy ERROR
- * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value that enters out (unless skip_finite_check)
+ * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value that enters out (unless skip_finite_check);
+ *                                 a NaN/+inf sink or a NaN/Inf ALiBi slope (always)
  * @retval SDPA_ERR_WORKSPACE_TOO_SMALL / SDPA_ERR_OUT_OF_MEMORY
  * Thread-safe: concurrent calls on different outputs are fine.
  */
