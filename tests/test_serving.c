@@ -191,7 +191,7 @@ static sdpa_status run(const prob *P, const runcfg *c, float *out, float *lse) {
     o.key_lengths = P->use_klen ? P->klen : NULL;
     o.query_lengths = P->use_qlen ? P->qlen : NULL;
     o.empty_rows = P->empty_zero ? SDPA_EMPTY_ROWS_ZERO : SDPA_EMPTY_ROWS_ERROR;
-    static float ninf[64];
+    float ninf[64]; /* per call: run() is used from several threads */
     for (int h = 0; h < 64; ++h)
         ninf[h] = -INFINITY;
     o.sinks = c->sinks_neg_inf ? ninf : (P->use_sinks ? P->sinks : NULL);
