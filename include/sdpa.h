@@ -355,6 +355,13 @@ typedef enum sdpa_precision {
     SDPA_PRECISION_FORCE_INT32_ = 0x7FFFFFFF
 } sdpa_precision;
 
+/** A task of a caller thread pool hook (sdpa_options.parallel_for): runs task number `task`. */
+typedef void (*sdpa_task_fn)(void *task_ctx, int64_t task);
+/** A parallel-for over [0, ntasks) (contract at sdpa_options.parallel_for). */
+typedef void (*sdpa_parallel_for_fn)(void *ctx, int64_t ntasks, sdpa_task_fn task, void *task_ctx);
+/** A caller-owned pool of persistent worker threads (sdpa_threadpool_create()). Opaque. */
+typedef struct sdpa_threadpool sdpa_threadpool;
+
 /**
  * Options of sdpa_attention(). Initialise with sdpa_options_init(), then set fields.
  * Every field's default is its zero value (sdpa_options_init() also sets the unused window
@@ -425,7 +432,8 @@ typedef struct sdpa_options {
     float dropout_p;
     /** Threads: 0 (default) = number of online CPUs; >= 1 = at most that many. The library
      *  runs its own threads over (batch, head, query block) and never changes process-wide
-     *  state (BLAS thread count, environment). Results never depend on this value. */
+     *  state (BLAS thread count, environment). Results never depend on this value. With a
+     *  caller pool or hook (0.5: threadpool, parallel_for) it caps the pool's thread count. */
     int32_t num_threads;
     /** Dropout RNG key (seed) and stream offset; see dropout_p. */
     uint64_t dropout_seed;
@@ -449,6 +457,51 @@ typedef struct sdpa_options {
      *  is not an sdpa_precision is SDPA_ERR_INVALID_ARGUMENT. */
     int32_t precision;
     int32_t reserved1; /**< must be 0 (SDPA_ERR_STRUCT_VERSION otherwise: a later field's use) */
+
+    /* ---- appended in 0.5 (a 0.4 caller's smaller struct_size leaves these at defaults) ---- */
+    /** Attention sinks: [Hq] float32 logits (nullable; NULL = none). The sink of query head h
+     *  joins the softmax denominator only: with m = max(sinks[h], max_j s_ij),
+     *    w_ij = exp(s_ij - m) / (exp(sinks[h] - m) + sum_j exp(s_ij - m)),
+     *    lse_i = m + log(exp(sinks[h] - m) + sum_j exp(s_ij - m)).
+     *  The sink is not scaled, softcapped, biased or masked and multiplies no value row, so a
+     *  row's probabilities sum to less than 1 (gpt-oss `sinks`, llama.cpp ggml_soft_max_add_sinks,
+     *  vLLM `s_aux`, ONNX Runtime GroupQueryAttention `head_sink`). It counts exactly once per
+     *  row in every kernel (also across the decode kernel's key chunks). It is not a key: the
+     *  empty-row policy is unchanged (under SDPA_EMPTY_ROWS_ZERO such a row's out is 0 and its
+     *  lse is sinks[h]); padding rows (query_lengths) stay 0 / -inf. -inf means "no sink" for
+     *  that head; NaN or +inf is SDPA_ERR_NON_FINITE (always checked, skip_finite_check or not).
+     *  With sdpa_merge(): pass the sink to exactly one of the partial calls (the other part's
+     *  lse must not contain it), then merge as usual. */
+    const float *sinks;
+    /** ALiBi slopes (nullable; NULL = none), float32, shape given by alibi_slopes_rank:
+     *  s_ij -= alibi_slopes[h] * |p - j| (or alibi_slopes[b * Hq + h] for [B, Hq]), p the aligned
+     *  position of row i (see alignment), applied after softcap together with the bias (not
+     *  scaled or softcapped; never materialised). FlashAttention's `alibi_slopes` ((nheads,) or
+     *  (batch, nheads), fp32, bias -slope * |i + seqlen_k - seqlen_q - j|) is this with
+     *  alignment = SDPA_ALIGN_BOTTOM_RIGHT. Slopes from the ALiBi paper: sdpa_alibi_slopes().
+     *  NaN/Inf slopes are SDPA_ERR_NON_FINITE (always checked). */
+    const float *alibi_slopes;
+    /** 0: no ALiBi (alibi_slopes must be NULL); 1: alibi_slopes is [Hq]; 2: [B, Hq] (row-major).
+     *  Anything else, or slopes without a rank, is SDPA_ERR_INVALID_ARGUMENT. */
+    int32_t alibi_slopes_rank;
+    /** Most tasks the parallel_for hook below may run at once (>= 1 when the hook is set; the
+     *  library calls it with ntasks <= this). Ignored without the hook. */
+    int32_t parallel_for_threads;
+    /** Caller thread pool hook (nullable; NULL = the library's own threads, or `threadpool`).
+     *  Contract: called only from the thread that called sdpa_attention(), zero or more times
+     *  per call, never nested; it must call task(task_ctx, t) exactly once for every t in
+     *  [0, ntasks), in any order, on any threads (concurrently or not, the caller's thread
+     *  included), and return only after every one of them has returned. Tasks never block on
+     *  each other, so running them one after the other on the calling thread is valid. With a
+     *  hook the library creates no thread. Results are bit-identical to the built-in threads
+     *  for any thread count (ONNX Runtime's ThreadPool::TrySimpleParallelFor, ggml's
+     *  threadpool). Setting both this and `threadpool` is SDPA_ERR_INVALID_ARGUMENT. */
+    sdpa_parallel_for_fn parallel_for;
+    void *parallel_for_ctx; /**< first argument of every parallel_for call */
+    /** A caller-owned sdpa_threadpool (nullable; see sdpa_threadpool_create()). The call runs
+     *  on the pool's threads plus the calling thread and creates no thread. num_threads, if
+     *  > 0, caps the threads used (pool size otherwise). */
+    sdpa_threadpool *threadpool;
 } sdpa_options;
 
 /**
@@ -484,10 +537,13 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * GQA/MQA as PyTorch enable_gqa and ONNX).
  *
  * For each row (b, h, i) and key j:
- *   s = scale * <q_i, k_j>; softcap; s += bias; the key is allowed iff the allow-mask, the
+ *   s = scale * <q_i, k_j>; softcap; s += bias (0.5: and s -= alibi_slopes[h] * |p - j|,
+ *   sdpa_options.alibi_slopes); the key is allowed iff the allow-mask, the
  *   causal rule, key_lengths, the window and bias != -inf all allow it. Softmax runs over
  *   allowed keys only (blocked K/V/bias values never enter out or lse: NaN there cannot
- *   leak). out_i = sum_j w_ij v_j; lse_i = ln sum_j exp(s_ij) (natural log).
+ *   leak). out_i = sum_j w_ij v_j; lse_i = ln sum_j exp(s_ij) (natural log). 0.5: an
+ *   attention sink of head h (sdpa_options.sinks) adds exp(sinks[h]) to the denominator and
+ *   to lse only.
  *   Causal and window positions: p = i (TOP_LEFT), i + S_b - L_b (BOTTOM_RIGHT, with
  *   S_b = key_lengths[b] or S and L_b = query_lengths[b] or L, so the last valid query of each
  *   sequence sees every valid key, as FlashAttention varlen), or i + query_offsets[b].
@@ -513,7 +569,8 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @param out     [out] float32 [B, Hq, L, Ev]; its address range must not overlap the address
  *                range of any input or other output (checked conservatively on ranges).
  * @param weights [out] nullable; float32 [B, Hq, L, S]; content per options->weights_stage.
- * @param lse     [out] nullable; float32 [B, Hq, L]; -inf for empty and padded rows.
+ * @param lse     [out] nullable; float32 [B, Hq, L]; -inf for padded rows and for empty rows
+ *                (empty rows with a sink: the sink).
  * @retval SDPA_OK
  * @retval SDPA_ERR_NULL_POINTER   q, k, v, out or a view's data (non-empty) is NULL
  * @retval SDPA_ERR_STRUCT_VERSION options->struct_size out of range, unknown tail not zero, or
@@ -532,10 +589,13 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *                                 query length outside [0, S] / [0, L]; dropout_p outside
  *                                 [0, 1); unknown enum value;
  *                                 flag not 0/1; a view's or mask's reserved field or entry
- *                                 beyond rank not 0
+ *                                 beyond rank not 0; alibi_slopes_rank not 0/1/2 or not
+ *                                 matching alibi_slopes; parallel_for with threadpool, or
+ *                                 with parallel_for_threads < 1
  * @retval SDPA_ERR_UNSUPPORTED    options->kernel forces a kernel that cannot serve this call
  * @retval SDPA_ERR_EMPTY_ROW      a non-padding row has no allowed key under policy ERROR
- * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value that enters out (unless skip_finite_check)
+ * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value that enters out (unless skip_finite_check);
+ *                                 a NaN/+inf sink or a NaN/Inf ALiBi slope (always)
  * @retval SDPA_ERR_WORKSPACE_TOO_SMALL / SDPA_ERR_OUT_OF_MEMORY
  * Thread-safe: concurrent calls on different outputs are fine.
  */
@@ -707,6 +767,11 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_
  * takes the other side's values exactly; both -inf gives a zero row and lse = -inf (as
  * sdpa_attention's SDPA_EMPTY_ROWS_ZERO). The result equals sdpa_attention() over A ∪ B
  * up to float32 rounding (as in FlashAttention's split-KV combine).
+ * Attention sinks (sdpa_options.sinks): the sink is one more term of the denominator, so it
+ * must be in exactly one part's lse: call one part with the sinks and the others without
+ * (a sink in two parts would count twice). A part whose keys are all blocked but which
+ * carries the sink has out 0 and lse = the sink (under SDPA_EMPTY_ROWS_ZERO), which merges
+ * correctly.
  *
  * Shapes: out_a, out_b, out [..., Ev] of rank 1..SDPA_MAX_RANK, all equal; lse_a, lse_b,
  * lse [...] = the out shape without its last axis (rank - 1; for rank-1 outs a rank-1
@@ -895,6 +960,49 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_request_amx(void);
  *         Never requests the permission itself and never fails; thread-safe.
  */
 SDPA_API int sdpa_amx_available(void);
+
+/* ---------------------------------------------------------- serving (0.5) */
+
+/**
+ * ALiBi slopes of the paper (Press et al., "Train Short, Test Long", ICLR 2022, and its
+ * reference code; the same rule as Hugging Face's get_alibi_slopes / build_alibi_tensor and
+ * llama.cpp's m0/m1 slopes): with n = the largest power of two <= H,
+ *   out[i] = 2^(-max_bias * (i + 1) / n)                 for i < n,
+ *   out[i] = 2^(-max_bias * (2 * (i - n) + 1) / (2 * n))  for n <= i < H
+ * (the first H - n odd-numbered slopes of the 2n-head sequence). max_bias = 8 is the paper's
+ * choice: for H = 8 the slopes are 1/2, 1/4, ..., 1/256. Computed in double, rounded once to
+ * float32. Pass the result as sdpa_options.alibi_slopes (rank 1).
+ * @param H       number of heads, >= 1
+ * @param max_bias > 0 and finite
+ * @param out     [out] H float32
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER (out), SDPA_ERR_INVALID_ARGUMENT (H < 1, max_bias not
+ *         finite and > 0); nothing is written on failure.
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_alibi_slopes(int64_t H, float max_bias, float *out);
+
+/**
+ * Create a pool of nthreads - 1 persistent worker threads; a call that uses it (options
+ * .threadpool) runs on them plus its calling thread (nthreads in all). The pool is owned by the
+ * caller: libsdpa keeps no global pool and never creates threads for a call that has one.
+ * Several application threads may use one pool at the same time: their calls take the pool
+ * one after the other (serialized by a mutex; each still gets the whole pool). For concurrent
+ * calls that should not wait, give each application thread its own pool. A task never calls
+ * back into the library, so there is no nesting.
+ * @param nthreads 1..256 (1 = no worker thread: calls run on the calling thread)
+ * @param out      [out] the pool; set only on success
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER (out), SDPA_ERR_INVALID_ARGUMENT (nthreads),
+ *         SDPA_ERR_OUT_OF_MEMORY (memory or a thread could not be created; nothing is left
+ *         running).
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_threadpool_create(int nthreads, sdpa_threadpool **out);
+
+/** Stop and join the pool's workers and free it. NULL does nothing. No call may be using the
+ *  pool (undefined behaviour otherwise, as for free()). */
+SDPA_API void sdpa_threadpool_destroy(sdpa_threadpool *pool);
+
+/** @return the pool's thread count (nthreads of sdpa_threadpool_create(), the caller's
+ *  thread included), or 0 for NULL. */
+SDPA_API int sdpa_threadpool_size(const sdpa_threadpool *pool);
 
 #ifdef __cplusplus
 } /* extern "C" */

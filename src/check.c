@@ -160,7 +160,7 @@ static sdpa_status check_run(const sdpa__plan *p, const sdpa__mk *mk, int thread
         threads = (int)ntasks;
     for (int t = 0; t < threads; ++t)
         ((check_err *)(c.ws + (size_t)t * c.per_thread))->kind = ERR_NONE;
-    sdpa__parallel_for(threads, ntasks, check_task, &c);
+    sdpa__run_tasks(&p->exec, threads, ntasks, check_task, &c);
     const check_err *e = NULL;
     for (int t = 0; t < threads; ++t) {
         const check_err *x = (const check_err *)(c.ws + (size_t)t * c.per_thread);

@@ -48,6 +48,7 @@ static double score(const sdpa__plan *p, const scratch *sc, int64_t b, int64_t h
         d = (double)p->softcap * tanh(d / (double)p->softcap);
     if (stage == SDPA_WEIGHTS_SOFTCAPPED)
         return d;
+    d -= sdpa__rule_alibi_term(&p->rules, b, h, i, j);
     if (p->rules.has_bias)
         d += (double)sdpa__rule_bias_row(&p->rules, b, h, i)[j * p->rules.bias.strides[3]];
     return d;
@@ -74,6 +75,10 @@ void sdpa__fallback_row_double(const sdpa__plan *p, const sdpa__dropout *drop, i
             const double x = score(p, &sc, b, h, i, j, SDPA_WEIGHTS_MASKED);
             mx = x > mx ? x : mx;
         }
+    const double sink = (double)sdpa__sink(p->sinks, h); /* denominator only */
+    mx = sink > mx ? sink : mx;
+    if (sink > -INFINITY)
+        sum = exp(sink - mx);
     memset(acc, 0, (size_t)p->Ev * sizeof(double));
     for (int64_t j = lo; j < hi; ++j) {
         if (!sdpa__rule_allows(&p->rules, b, h, i, j, lo, hi))

@@ -122,6 +122,19 @@ float sdpa__masked_max(const float *s, const uint8_t *allowed, int64_t n);
  * returns the sum in double precision. */
 double sdpa__masked_exp_sum(float *s, const uint8_t *allowed, int64_t n, float max);
 
+/* ---- threads.c / threadpool.c: where a call's tasks run ---- */
+
+/* The executor of a call: the library's own per-call threads (both NULL), the caller's
+ * parallel-for hook, or a caller-owned sdpa_threadpool. */
+typedef struct sdpa__exec {
+    sdpa_parallel_for_fn hook;
+    void *hook_ctx;
+    sdpa_threadpool *pool;
+} sdpa__exec;
+
+/* The sink of head h of a plan-like sinks pointer: -inf = none. */
+static inline float sdpa__sink(const float *sinks, int64_t h) { return sinks != NULL ? sinks[h] : -INFINITY; }
+
 /* ---- attention plan shared by attention.c and the kernels ---- */
 
 typedef struct sdpa__plan {
@@ -140,6 +153,8 @@ typedef struct sdpa__plan {
     float dropout_p;                        /* 0 = no dropout */
     uint64_t dropout_seed, dropout_offset;
     int64_t row_block;                      /* query rows per tile */
+    const float *sinks;                     /* [Hq] sink logits (NULL = none), softmax only */
+    sdpa__exec exec;                        /* where tasks run: own threads, hook or pool */
 } sdpa__plan;
 
 /* ---- plan.c: validated shapes, views and rules; no kernel knowledge ---- */
@@ -183,6 +198,14 @@ int sdpa__online_cpus(void);
  * thread cannot be created, the remaining threads run its share: this never fails. */
 typedef void (*sdpa__task_fn)(void *ctx, int64_t task, int thread_index);
 void sdpa__parallel_for(int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ctx);
+/* sdpa__parallel_for on the call's executor: the library's own threads (ex NULL or empty), or
+ * nthreads "workers" handed to the caller's hook or pool, each claiming tasks dynamically with
+ * its worker number as thread_index (< nthreads), so per-thread scratch stays valid whatever
+ * the hook does. The library creates no thread for a hook or a pool. */
+void sdpa__run_tasks(const sdpa__exec *ex, int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ctx);
+/* threadpool.c: run job(ctx, k) for k in [0, njobs), njobs <= sdpa_threadpool_size(pool), one
+ * per pool thread (job 0 on the calling thread); returns when all are done. Serialized. */
+void sdpa__threadpool_run(sdpa_threadpool *pool, int njobs, void (*job)(void *ctx, int64_t k), void *ctx);
 
 /* ---- dropout.c: counter-based dropout (Philox4x32-10, Random123); see sdpa_options ---- */
 

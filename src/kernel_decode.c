@@ -246,6 +246,7 @@ static void decode_task(void *vctx, int64_t task, int tid) {
             mk->dot_rows(qp + r * E, E, kt, kstride, n, sr);
             if (p->softcap > 0.0f)
                 mk->softcap(sr, n, p->softcap);
+            sdpa__rule_alibi_add(&p->rules, b, hrow[r], irow[r], ta, n, sr, 1); /* ALiBi (rules.c), a bias */
             if (mode[r] == MODE_PART) {
                 const uint8_t *al = allowed + r * BN;
                 const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, hrow[r], irow[r]) : NULL;
@@ -333,7 +334,7 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
     c.shared = c.ws + (size_t)threads * c.lay.total;
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
     c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
-    sdpa__parallel_for(threads, c.d.items, decode_task, &c);
+    sdpa__run_tasks(&p->exec, threads, c.d.items, decode_task, &c);
 
     const float *pm = (const float *)(c.shared + c.lay.pm), *po = (const float *)(c.shared + c.lay.po);
     const double *pl = (const double *)(c.shared + c.lay.pl);
@@ -372,18 +373,23 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
                     sdpa__fallback_row_double(p, &c.drop, b, h, i, acc, orow, NULL, lrow);
                     continue;
                 }
-                if (M == -INFINITY) { /* padding, or no allowed key */
+                const float sink = sdpa__sink(p->sinks, h);
+                if (M == -INFINITY) { /* padding, or no allowed key (lse = the sink, -inf without) */
                     for (int64_t e = 0; e < Ev; ++e)
                         orow[e * p->out.strides[3]] = 0.0f;
                     if (lrow)
-                        *lrow = -INFINITY;
+                        *lrow = sdpa__rule_is_padding(&p->rules, b, i) ? -INFINITY : sink;
                     continue;
                 }
+                if ((double)sink > M) /* the sink joins M and lt once per row, whatever the split */
+                    M = (double)sink;
                 double w[64], lt = 0.0; /* nc <= SPLIT_ITEMS <= 64 */
                 for (int64_t k = 0; k < nc; ++k) {
                     w[k] = pl[s0 + k] > 0.0 ? exp((double)pm[s0 + k] - M) : 0.0;
                     lt += pl[s0 + k] * w[k];
                 }
+                if (sink > -INFINITY)
+                    lt += exp((double)sink - M);
                 const double inv = (double)c.drop.scale / lt;
                 bool fin = true;
                 for (int64_t e = 0; e < Ev && fin; ++e) {

@@ -135,6 +135,7 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
             s[j] = c * tanhf(s[j] / c);
     if (wrow && p->weights_stage == SDPA_WEIGHTS_SOFTCAPPED)
         write_scores_row(p, acc, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SOFTCAPPED);
+    sdpa__rule_alibi_add(&p->rules, b, h, i, jlo, n, s, 1); /* ALiBi, a bias (rules.c) */
     /* Bias is read and added where allowed only; -inf blocks. */
     const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
     bool any = false, overflow = false;
@@ -155,15 +156,18 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
         if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
             zero_row(wrow, p->S, p->weights.strides[3]);
         if (lrow)
-            *lrow = -INFINITY;
+            *lrow = sdpa__sink(p->sinks, h); /* -inf without a sink */
         return ROW_DONE;
     }
     if (overflow) { /* a float32 score overflowed: redo this row in double */
         sdpa__fallback_row_double(p, drop, b, h, i, acc, orow, wrow, lrow);
         return ROW_DONE;
     }
-    const float mx = sdpa__masked_max(s, allowed, n);
-    const double sum = sdpa__masked_exp_sum(s, allowed, n, mx); /* s[j] = exp(s[j] - mx), 0 if blocked */
+    const float sink = sdpa__sink(p->sinks, h), smx = sdpa__masked_max(s, allowed, n);
+    const float mx = sink > smx ? sink : smx; /* the sink joins the max and the denominator only */
+    double sum = sdpa__masked_exp_sum(s, allowed, n, mx); /* s[j] = exp(s[j] - mx), 0 if blocked */
+    if (sink > -INFINITY)
+        sum += exp((double)sink - (double)mx);
     const float inv = (float)(1.0 / sum);
     for (int64_t j = 0; j < n; ++j)
         s[j] *= inv;

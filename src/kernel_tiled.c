@@ -103,11 +103,12 @@ typedef struct tctx {
 
 static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
 
-static void write_zero_row(const sdpa__plan *p, float *orow, float *lrow) {
+/* A zero out row; lse = lse_value (-inf, or the head's sink for an empty row). */
+static void write_zero_row(const sdpa__plan *p, float *orow, float *lrow, float lse_value) {
     for (int64_t d = 0; d < p->Ev; ++d)
         orow[d * p->out.strides[3]] = 0.0f;
     if (lrow)
-        *lrow = -INFINITY;
+        *lrow = lse_value;
 }
 
 /* Per-element rules for a tile: structure, allow-mask, bias (-inf blocks; added where allowed).
@@ -280,6 +281,10 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                         if (p->softcap > 0.0f)
                             for (int64_t t = 0; t < e0 - s0; ++t)
                                 mk->softcap(sc + t * nl, w, p->softcap);
+                        if (p->rules.alibi_slopes != NULL) /* ALiBi (rules.c), a bias */
+                            for (int64_t r = l0; r < l0 + w; ++r)
+                                if (state[r] == LANE_VALID)
+                                    sdpa__rule_alibi_add(&p->rules, b, h, i0 + r, s0, e0 - s0, sc + (r - l0), nl);
                         mk->lanes_range_mask(sc, e0 - s0, w, nl, (int32_t)s0, lo + l0, hi + l0, bad + l0);
                     }
                     mk->lanes_softmax(sc, e0 - s0, w, nl, m + l0, alpha + l0, tsum + l0, NULL);
@@ -288,6 +293,10 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                 mk->lanes_gemm(n, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
                 if (p->softcap > 0.0f)
                     mk->softcap(st, n * nl, p->softcap);
+                if (p->rules.alibi_slopes != NULL) /* ALiBi (rules.c), a bias */
+                    for (int64_t r = 0; r < nl; ++r)
+                        if (state[r] == LANE_VALID)
+                            sdpa__rule_alibi_add(&p->rules, b, h, i0 + r, ta, n, st + r, nl);
                 int32_t *check = bad;
                 if (tcl == SDPA__TILE_PARTIAL) {
                     all_used = apply_rules(p, b, h, i0, nl, state, lo, hi, ta, n, st, used, bad);
@@ -342,8 +351,18 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
      * note per lane whether every result is finite (x * inv is not finite if x is not). */
     float *inv = alpha;
     int32_t *nonfin = (int32_t *)tsum;
+    const float sink = sdpa__sink(p->sinks, h);
     for (int64_t r = 0; r < nl; ++r) {
-        inv[r] = state[r] == LANE_VALID && !bad[r] && l[r] > 0.0 ? (float)((double)c->drop.scale / l[r]) : 0.0f;
+        const bool live = state[r] == LANE_VALID && !bad[r] && l[r] > 0.0;
+        double num = (double)c->drop.scale;
+        if (live && sink > -INFINITY) { /* the sink joins the denominator (and m) once, here */
+            const float mn = sink > m[r] ? sink : m[r];
+            const double f = exp((double)m[r] - (double)mn);
+            l[r] = l[r] * f + exp((double)sink - (double)mn);
+            m[r] = mn;
+            num *= f;
+        }
+        inv[r] = live ? (float)(num / l[r]) : 0.0f;
         nonfin[r] = 0;
     }
     for (int64_t d = 0; d < (any_valid ? Ev : 0); ++d) {
@@ -370,7 +389,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
         float *lrow = p->has_lse ? p->lse + b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]
                                  : NULL;
         if (state[r] != LANE_VALID) { /* padding, or no key in the row's range */
-            write_zero_row(p, orow, lrow);
+            write_zero_row(p, orow, lrow, state[r] == LANE_PADDING ? -INFINITY : sink);
             continue;
         }
         if (bad[r]) { /* a float32 score overflowed */
@@ -378,7 +397,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             continue;
         }
         if (l[r] == 0.0) { /* every key blocked by the mask or bias: policy ZERO (Ot may be unset) */
-            write_zero_row(p, orow, lrow);
+            write_zero_row(p, orow, lrow, sink);
             continue;
         }
         if (nonfin[r]) { /* the float32 P.V sum overflowed */
@@ -407,7 +426,7 @@ static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t 
                           ws_bytes);
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
     c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
-    sdpa__parallel_for(threads, num_tasks(p), tiled_task, &c);
+    sdpa__run_tasks(&p->exec, threads, num_tasks(p), tiled_task, &c);
     sdpa__set_kernel(mk->tiled_name);
     return SDPA_OK;
 }

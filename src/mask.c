@@ -322,3 +322,23 @@ SDPA_API sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_mask *mask, int
         *first_empty = first;
     return SDPA_OK;
 }
+
+/* ALiBi slopes (Press et al. 2022): the geometric sequence 2^(-max_bias * k / n) for the
+ * largest power of two n <= H, then the odd-numbered terms of the 2n-head sequence. */
+SDPA_API sdpa_status sdpa_alibi_slopes(int64_t H, float max_bias, float *out) {
+    static const char fn[] = "sdpa_alibi_slopes";
+    if (out == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: out is NULL", fn);
+    if (H < 1)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: H=%lld must be >= 1", fn, (long long)H);
+    if (!(max_bias > 0.0f) || isinf(max_bias))
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: max_bias=%g must be finite and > 0", fn, (double)max_bias);
+    int64_t n = 1;
+    while (n * 2 <= H)
+        n *= 2;
+    for (int64_t i = 0; i < H; ++i) {
+        const double e = i < n ? (double)(i + 1) / (double)n : (double)(2 * (i - n) + 1) / (double)(2 * n);
+        out[i] = (float)exp2(-(double)max_bias * e);
+    }
+    return SDPA_OK;
+}

@@ -106,5 +106,15 @@ sdpa_status sdpa__options_check(const char *fn, const sdpa_options *o) {
     if (o->precision < SDPA_PRECISION_DEFAULT || o->precision > SDPA_PRECISION_REDUCED)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->precision=%d is not an sdpa_precision", fn,
                           (int)o->precision);
+    if (o->alibi_slopes_rank < 0 || o->alibi_slopes_rank > 2 || (o->alibi_slopes != NULL) != (o->alibi_slopes_rank != 0))
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
+                          "%s: options->alibi_slopes_rank=%d with alibi_slopes %s: the rank must be 1 ([Hq]) or 2 "
+                          "([B, Hq]) with slopes, 0 without",
+                          fn, (int)o->alibi_slopes_rank, o->alibi_slopes != NULL ? "set" : "NULL");
+    if (o->parallel_for != NULL && o->threadpool != NULL)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->parallel_for and options->threadpool are both set", fn);
+    if (o->parallel_for != NULL && o->parallel_for_threads < 1)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->parallel_for_threads=%d must be >= 1 with a hook", fn,
+                          (int)o->parallel_for_threads);
     return SDPA_OK;
 }

@@ -181,7 +181,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
 
     /* Outputs must not overlap inputs or each other. */
     if (!for_size) {
-        sdpa__named_span in[8], outs[4];
+        sdpa__named_span in[10], outs[4];
         int nin = 0, nout = 0;
         in[nin].name = "query"; in[nin++].s = sdpa__tensor_span(q);
         in[nin].name = "key"; in[nin++].s = sdpa__tensor_span(k);
@@ -202,6 +202,16 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
             in[nin].name = "query_offsets";
             in[nin].s.lo = (uintptr_t)o->query_offsets;
             in[nin++].s.hi = (uintptr_t)(o->query_offsets + p->B);
+        }
+        if (o->sinks && p->Hq > 0) {
+            in[nin].name = "sinks";
+            in[nin].s.lo = (uintptr_t)o->sinks;
+            in[nin++].s.hi = (uintptr_t)(o->sinks + p->Hq);
+        }
+        if (o->alibi_slopes && p->Hq > 0 && p->B > 0) {
+            in[nin].name = "alibi_slopes";
+            in[nin].s.lo = (uintptr_t)o->alibi_slopes;
+            in[nin++].s.hi = (uintptr_t)(o->alibi_slopes + (o->alibi_slopes_rank == 2 ? p->B * p->Hq : p->Hq));
         }
         outs[nout].name = "out"; outs[nout++].s = sdpa__tensor_span(out);
         if (weights) { outs[nout].name = "weights"; outs[nout++].s = sdpa__tensor_span(weights); }
@@ -240,6 +250,30 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     p->dropout_seed = o->dropout_seed;
     p->dropout_offset = o->dropout_offset;
     p->row_block = p->L < 64 ? (p->L > 0 ? p->L : 1) : 64;
+    /* 0.5: sinks, ALiBi slopes (checked here: O(Hq) values), the call's executor. */
+    if (o->sinks != NULL)
+        for (int64_t h = 0; h < p->Hq; ++h)
+            if (isnan(o->sinks[h]) || o->sinks[h] == INFINITY)
+                return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: options->sinks[%lld]=%g is NaN or +inf (-inf = no sink)", FN,
+                                  (long long)h, (double)o->sinks[h]);
+    p->sinks = o->sinks;
+    if (o->alibi_slopes != NULL) {
+        const int64_t n = o->alibi_slopes_rank == 2 ? p->B * p->Hq : p->Hq;
+        for (int64_t t = 0; t < n; ++t)
+            if (!isfinite(o->alibi_slopes[t]))
+                return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: options->alibi_slopes[%lld]=%g is not finite", FN,
+                                  (long long)t, (double)o->alibi_slopes[t]);
+        p->rules.alibi_slopes = o->alibi_slopes;
+        p->rules.alibi_stride_b = o->alibi_slopes_rank == 2 ? p->Hq : 0;
+    }
+    p->exec.hook = o->parallel_for;
+    p->exec.hook_ctx = o->parallel_for_ctx;
+    p->exec.pool = o->threadpool;
+    if (o->parallel_for != NULL || o->threadpool != NULL) {
+        const int n = o->threadpool != NULL ? sdpa_threadpool_size(o->threadpool) : (int)o->parallel_for_threads;
+        const int cap = n < SDPA__MAX_THREADS ? n : SDPA__MAX_THREADS;
+        p->num_threads = o->num_threads > 0 && o->num_threads < cap ? o->num_threads : cap;
+    }
     return SDPA_OK;
 }
 

@@ -38,6 +38,26 @@ void sdpa__rule_range(const sdpa__rules *r, int64_t b, int64_t i, int64_t *lo, i
     sdpa__rule_band(sdpa__rule_position(r, b, i), r->window_left, right, Sb, lo, hi);
 }
 
+double sdpa__rule_alibi_term(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const float slope = sdpa__rule_alibi_slope(r, b, h);
+    if (slope == 0.0f)
+        return 0.0;
+    const int64_t d = sdpa__rule_position(r, b, i) - j;
+    return (double)slope * (double)(d < 0 ? -d : d);
+}
+
+void sdpa__rule_alibi_add(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, float *s,
+                          ptrdiff_t stride) {
+    const float slope = sdpa__rule_alibi_slope(r, b, h);
+    if (slope == 0.0f)
+        return;
+    const int64_t pos = sdpa__rule_position(r, b, i);
+    for (int64_t t = 0; t < n; ++t) {
+        const int64_t d = pos - (j0 + t);
+        s[t * stride] -= slope * (float)(d < 0 ? -d : d);
+    }
+}
+
 bool sdpa__rule_allows(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j, int64_t lo, int64_t hi) {
     if (j < lo || j >= hi || (r->has_mask && !sdpa__rule_mask_allows(r, b, h, i, j)))
         return false;

@@ -29,6 +29,8 @@ typedef struct sdpa__rules {
     const int64_t *key_lengths, *query_lengths; /* [B] or NULL */
     bool has_mask; sdpa__bcast4 mask;           /* uint8, nonzero = allowed */
     bool has_bias; sdpa__bcast4 bias;           /* float32, -inf blocks */
+    const float *alibi_slopes;                  /* ALiBi slopes (NULL = none): [Hq] or [B, Hq] */
+    int64_t alibi_stride_b;                     /* 0 for [Hq], Hq for [B, Hq] */
 } sdpa__rules;
 
 /* Tile classes (sdpa__rule_classify_tile). */
@@ -69,6 +71,20 @@ static inline const float *sdpa__rule_bias_row(const sdpa__rules *r, int64_t b, 
 }
 /* A bias value blocks its key iff it is -inf (any other value is added to the score). */
 static inline bool sdpa__rule_bias_blocks(float bv) { return bv == -INFINITY; }
+
+/* ALiBi (DESIGN section 4, step 3): the slope of (b, h), 0 without ALiBi. */
+static inline float sdpa__rule_alibi_slope(const sdpa__rules *r, int64_t b, int64_t h) {
+    return r->alibi_slopes != NULL ? r->alibi_slopes[b * r->alibi_stride_b + h] : 0.0f;
+}
+/* THE ALiBi term, a bias that is not scaled or softcapped: s[t * stride] -= slope * |p - j| for
+ * the keys j = j0 + t, t < n, of row (b, h, i), p = sdpa__rule_position (in float32: the term is
+ * slope * (float)|p - j|, so an explicit bias of -(that) gives the same bits). Does nothing
+ * without ALiBi (slope 0). */
+void sdpa__rule_alibi_add(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, float *s,
+                          ptrdiff_t stride);
+/* The same term of one pair in double, slope * |p - j| (for the double fallback: finite even
+ * where the float32 term overflows, so a huge slope still gives a finite score there). */
+double sdpa__rule_alibi_term(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j);
 
 /* The whole rule for one pair, given the row's structural range [lo, hi): range, allow-mask,
  * bias not -inf. */

@@ -61,3 +61,33 @@ void sdpa__parallel_for(int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ct
     for (int t = 1; t <= started; ++t)
         pthread_join(tid[t], NULL);
 }
+
+/* ---- a caller's hook or pool (threadpool.c): the library creates no thread ---- */
+
+static void claim_job(void *ctx, int64_t k) { run_tasks((worker *)ctx, (int)k); }
+
+void sdpa__run_tasks(const sdpa__exec *ex, int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ctx) {
+    if (ex == NULL || (ex->hook == NULL && ex->pool == NULL)) {
+        sdpa__parallel_for(nthreads, ntasks, fn, ctx);
+        return;
+    }
+    if (ntasks <= 0)
+        return;
+    if (nthreads > SDPA__MAX_THREADS)
+        nthreads = SDPA__MAX_THREADS;
+    if ((int64_t)nthreads > ntasks)
+        nthreads = (int)ntasks;
+    if (nthreads < 1)
+        nthreads = 1;
+    worker w = {.fn = fn, .ctx = ctx, .ntasks = ntasks};
+    atomic_init(&w.next, 0);
+    if (nthreads == 1) { /* nothing to share: the calling thread */
+        run_tasks(&w, 0);
+        return;
+    }
+    /* nthreads workers, each claiming tasks with its own number as thread_index. */
+    if (ex->pool != NULL)
+        sdpa__threadpool_run(ex->pool, nthreads, claim_job, &w);
+    else
+        ex->hook(ex->hook_ctx, nthreads, claim_job, &w);
+}

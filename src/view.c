@@ -391,5 +391,8 @@ SDPA_API sdpa_status sdpa_tensor_init_dtype(sdpa_tensor *view, const void *data,
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 _Static_assert(offsetof(sdpa_options, precision) == offsetof(sdpa_options, reserved0) + 4,
                "sdpa_options 0.4 fields follow reserved0");
-_Static_assert(sizeof(sdpa_options) == offsetof(sdpa_options, reserved1) + 4, "sdpa_options ends with reserved1");
+_Static_assert(offsetof(sdpa_options, sinks) == offsetof(sdpa_options, reserved1) + 4,
+               "sdpa_options 0.5 fields follow reserved1");
+_Static_assert(sizeof(sdpa_options) == offsetof(sdpa_options, threadpool) + sizeof(void *),
+               "sdpa_options ends with threadpool");
 #endif
