@@ -38,7 +38,8 @@ static const path g_paths[] = {
     {SDPA_KERNEL_TILED, NULL},       /* AVX-512 where the CPU has it */
     {SDPA_KERNEL_TILED, "avx2"},
     {SDPA_KERNEL_TILED, "portable"},
-    {SDPA_KERNEL_DECODE, NULL},      /* decode uses the AVX2 set on AVX-512 CPUs too */
+    {SDPA_KERNEL_DECODE, NULL},      /* AVX-512 where the CPU has it */
+    {SDPA_KERNEL_DECODE, "avx2"},
     {SDPA_KERNEL_DECODE, "portable"},
 };
 #define N_PATHS ((int)(sizeof g_paths / sizeof g_paths[0]))
@@ -104,12 +105,11 @@ static void check_kernel_name(const path *p, const char *what)
     if (p->kernel == SDPA_KERNEL_REFERENCE) {
         return;
     }
-    /* The set: portable when asked or without AVX2; AVX2 when capped there, and for decode
-     * (its kernels are AVX2 on AVX-512 CPUs too); else AVX-512 where the CPU (and the compiler
-     * that built the library) has it. */
+    /* The set: portable when asked or without AVX2; AVX2 when capped there; else AVX-512
+     * where the CPU (and the compiler that built the library) has it. */
     const char *want = !cpu_has_avx2() || (p->isa && strcmp(p->isa, "portable") == 0) ? "-portable" : "-avx2";
     int ok = ends_with(name, want);
-    if (!ok && p->isa == NULL && p->kernel == SDPA_KERNEL_TILED && cpu_has_avx512()) {
+    if (!ok && p->isa == NULL && cpu_has_avx512()) {
         ok = ends_with(name, "-avx512");
     }
     if (!ok) {
