@@ -30,7 +30,12 @@
 #include <math.h>
 #include <string.h>
 
-#define BN SDPA__TILE_K
+/* Keys per tile: twice the tiled path's, so that the per-tile work (rules, row max, rescale)
+ * is small next to streaming the tile's K and V rows. */
+#define BN (2 * SDPA__TILE_K)
+/* With several rows per item, the rows' dot products and P.V run over sub-tiles of about
+ * L1_BYTES of K (V) rows, so that each row of the group re-reads them from L1, not L2. */
+#define L1_BYTES 8192
 #define RMAX 8             /* query rows per work item */
 #define SPLIT_ITEMS 16     /* below this many items, split the keys */
 #define SPLIT_MIN_KEYS 512 /* ... into chunks of at least this many keys */
@@ -202,6 +207,14 @@ static void decode_task(void *vctx, int64_t task, int tid) {
             qp[r * E + e] = qr.data[e] * c->qscale;
     }
 
+    /* Sub-tile sizes (keys): all of a tile for one row. */
+    int64_t kc = BN, vc = BN;
+    if (R > 1) {
+        kc = (L1_BYTES / (4 * (E > 0 ? E : 1))) / 8 * 8;
+        vc = (L1_BYTES / (4 * (Ev > 0 ? Ev : 1))) / 8 * 8;
+        kc = kc < 8 ? 8 : kc;
+        vc = vc < 8 ? 8 : vc;
+    }
     for (int64_t a = jmin / BN * BN; a < jmax; a += BN) {
         const int64_t ta = a > jmin ? a : jmin, tc = a + BN < jmax ? a + BN : jmax, n = tc - ta;
         bool any = false, any_full = false;
@@ -239,11 +252,18 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         const float *kt = kr.data;
         const ptrdiff_t kstride = kr.stride;
 
+        /* Scores sub-tile by sub-tile (a multiple of 8 keys: the same keys take the same
+         * path through dot_rows as in one call, so the results do not depend on kc). */
+        for (int64_t c0 = 0; c0 < n; c0 += kc) {
+            const int64_t cn = n - c0 < kc ? n - c0 : kc;
+            for (int64_t r = 0; r < R; ++r)
+                if (mode[r] != MODE_NONE)
+                    mk->dot_rows(qp + r * E, E, kt + c0 * kstride, kstride, cn, s + r * BN + c0);
+        }
         for (int64_t r = 0; r < R; ++r) {
             if (mode[r] == MODE_NONE)
                 continue;
             float *sr = s + r * BN;
-            mk->dot_rows(qp + r * E, E, kt, kstride, n, sr);
             if (p->softcap > 0.0f)
                 mk->softcap(sr, n, p->softcap);
             sdpa__rule_alibi_add(&p->rules, b, hrow[r], irow[r], ta, n, sr, 1); /* ALiBi (rules.c), a bias */
@@ -280,9 +300,17 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         const sdpa__rows vr = p->load_v->rows(&p->v, b, g, ta, tc, vp);
         const float *vt = vr.data;
         const ptrdiff_t vstride = vr.stride;
-        for (int64_t r = 0; r < R; ++r)
-            if (mode[r] != MODE_NONE)
-                mk->axpy_rows(o + r * Ev, Ev, alpha[r], s + r * BN, idx, cnt, vt, vstride);
+        /* P.V over sub-tiles of used keys: o = alpha o + (first part), then o = 1 o + (next
+         * part), ...: multiplying by 1 is exact and each element's sum keeps its t order, so
+         * this equals one call over all of them. */
+        int64_t c0 = 0;
+        do {
+            const int64_t cn = cnt - c0 < vc ? cnt - c0 : vc;
+            for (int64_t r = 0; r < R; ++r)
+                if (mode[r] != MODE_NONE)
+                    mk->axpy_rows(o + r * Ev, Ev, c0 == 0 ? alpha[r] : 1.0f, s + r * BN, idx + c0, cn, vt, vstride);
+            c0 += cn;
+        } while (c0 < cnt);
     }
 
     float *pm = (float *)(c->shared + lay->pm), *po = (float *)(c->shared + lay->po);

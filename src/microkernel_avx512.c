@@ -1,7 +1,8 @@
 /* AVX-512F micro-kernels for the tiled path's "lanes" tiles (16 lanes per register). Built with
  * -mavx512f -mavx2 -mfma into its own static library; used only after sdpa__mk_select() has
- * seen AVX-512F (and AVX2 + FMA) at run time. The decode path and softcap keep the AVX2 code:
- * decode is bound by memory bandwidth, softcap is a side path.
+ * seen AVX-512F (and AVX2 + FMA) at run time. The decode path's "rows" kernels are here too
+ * (one 64-byte load per cache line of K and V, software prefetch ahead of the stream, masked
+ * tails instead of scalar loops); softcap and the transposes keep the AVX2 code (side paths).
  *
  * exp is the AVX2 file's algorithm (same clamp, Cody-Waite split, degree-7 Taylor polynomial,
  * 2^n built in the exponent field so that inputs <= -87.7, -inf included, give exactly 0). */
@@ -172,9 +173,165 @@ static void z_lanes_softmax(float *t, int64_t n, int64_t nl, int64_t ld, float *
     }
 }
 
+/* ----------------------------------------------------------------- rows */
+
+/* How far ahead of the K/V stream the rows kernels prefetch: 16 rows of E = 128 floats (8 KiB),
+ * enough to cover memory latency at one core's bandwidth. Prefetches past the end of the
+ * current tile fetch the next one (the cache is contiguous per (b, kv head) in the common
+ * layout); a prefetch never faults. */
+#define PF_BYTES 8192
+
+AI __mmask16 head16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
+
+AI void prefetch_row(const float *r, int64_t ne) {
+    const char *c = (const char *)r + PF_BYTES;
+    for (int64_t b = 0; b < ne * (int64_t)sizeof(float); b += 64)
+        _mm_prefetch(c + b, _MM_HINT_T0);
+}
+
+/* 8 sums of 16 lanes each -> one 8-lane vector (lane u = sum of a[u]). */
+AI __m256 hsum8x16(const __m512 *a) {
+    __m256 h[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u)
+        h[u] = _mm256_add_ps(_mm512_castps512_ps256(a[u]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[u]), 1)));
+    const __m256 h0 = _mm256_hadd_ps(h[0], h[1]), h1 = _mm256_hadd_ps(h[2], h[3]);
+    const __m256 h2 = _mm256_hadd_ps(h[4], h[5]), h3 = _mm256_hadd_ps(h[6], h[7]);
+    const __m256 g0 = _mm256_hadd_ps(h0, h1), g1 = _mm256_hadd_ps(h2, h3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
+}
+
+static void z_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
+    const int64_t ev = ne & ~(int64_t)15;
+    const __mmask16 tm = head16(ne - ev);
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const float *kr = k + t * ks;
+        __m512 a[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) {
+            a[u] = _mm512_setzero_ps();
+            prefetch_row(kr + u * ks, ne);
+        }
+        for (int64_t e = 0; e < ev; e += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + e);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; ++u)
+                a[u] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kr + u * ks + e), a[u]);
+        }
+        if (tm) {
+            const __m512 qv = _mm512_maskz_loadu_ps(tm, q + ev);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; ++u)
+                a[u] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tm, kr + u * ks + ev), a[u]);
+        }
+        _mm256_storeu_ps(s + t, hsum8x16(a));
+    }
+    for (; t < n; ++t) {
+        const float *kr = k + t * ks;
+        prefetch_row(kr, ne);
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t e = 0; e < ev; e += 16)
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), _mm512_loadu_ps(kr + e), a);
+        if (tm)
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q + ev), _mm512_maskz_loadu_ps(tm, kr + ev), a);
+        s[t] = _mm512_reduce_add_ps(a);
+    }
+}
+
+static float z_row_max(const float *s, int64_t n, int32_t *bad) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    __mmask16 bm = 0;
+    for (int64_t t = 0; t < n; t += 16) {
+        const __mmask16 m = head16(n - t);
+        const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, s + t);
+        mx = _mm512_max_ps(mx, x);
+        bm |= m & not_finite16(x);
+    }
+    if (bad != NULL && bm != 0)
+        *bad = -1;
+    return _mm512_reduce_max_ps(mx);
+}
+
+static float z_exp_sum(float *s, int64_t n, float u) {
+    const __m512 uv = _mm512_set1_ps(u);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t += 16) {
+        const __mmask16 m = head16(n - t);
+        const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), uv)));
+        _mm512_mask_storeu_ps(s + t, m, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* Up to 8 vectors (128 floats) of o per pass over the used rows: each V row is read once per
+ * pass, so once in all for Ev <= 128. Per element the sum runs in t order, as in every set. */
+static void z_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
+                        const float *v, ptrdiff_t vs) {
+    const __m512 al = _mm512_set1_ps(alpha);
+    int64_t d = 0;
+    for (; d + 128 <= nev; d += 128) {
+        __m512 a[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u)
+            a[u] = _mm512_mul_ps(al, _mm512_loadu_ps(o + d + 16 * u));
+        for (int64_t t = 0; t < cnt; ++t) {
+            const __m512 w = _mm512_set1_ps(p[idx[t]]);
+            const float *vr = v + (ptrdiff_t)idx[t] * vs + d;
+            prefetch_row(vr, 128);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; ++u)
+                a[u] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr + 16 * u), a[u]);
+        }
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u)
+            _mm512_storeu_ps(o + d + 16 * u, a[u]);
+    }
+    if (d < nev) { /* the last < 128 elements: up to 8 masked vectors */
+        __mmask16 mk[8];
+        __m512 a[8];
+        const int64_t rest = nev - d;
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) {
+            mk[u] = 16 * u < rest ? head16(rest - 16 * u) : (__mmask16)0;
+            a[u] = _mm512_mul_ps(al, _mm512_maskz_loadu_ps(mk[u], o + d + 16 * u));
+        }
+        for (int64_t t = 0; t < cnt; ++t) {
+            const __m512 w = _mm512_set1_ps(p[idx[t]]);
+            const float *vr = v + (ptrdiff_t)idx[t] * vs + d;
+            prefetch_row(vr, rest);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; ++u)
+                if (mk[u])
+                    a[u] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mk[u], vr + 16 * u), a[u]);
+        }
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u)
+            _mm512_mask_storeu_ps(o + d + 16 * u, mk[u], a[u]);
+    }
+}
+
+static bool z_all_finite(const float *x, int64_t n) {
+    const __m512i ex = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bm = 0, bm2 = 0;
+    int64_t t = 0;
+    for (; t + 32 <= n; t += 32) { /* two independent vectors per step */
+        const __m512i u0 = _mm512_and_si512(_mm512_loadu_si512(x + t), ex);
+        const __m512i u1 = _mm512_and_si512(_mm512_loadu_si512(x + t + 16), ex);
+        bm |= _mm512_cmpeq_epi32_mask(u0, ex);
+        bm2 |= _mm512_cmpeq_epi32_mask(u1, ex);
+    }
+    for (; t < n; t += 16) {
+        const __mmask16 m = head16(n - t);
+        bm |= _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(m, x + t), ex), ex);
+    }
+    return (bm | bm2) == 0;
+}
+
 const sdpa__mk sdpa__mk_avx512 = {
-    "tiled-avx512", "decode-avx2", "decode-split-avx2",
+    "tiled-avx512", "decode-avx512", "decode-split-avx512",
     z_lanes_gemm, sdpa__avx2_softcap, z_lanes_range_mask, z_lanes_softmax, 2 * SDPA__LANES,
-    sdpa__avx2_dot_rows, sdpa__avx2_row_max, sdpa__avx2_exp_sum, sdpa__avx2_axpy_rows, sdpa__avx2_all_finite,
+    z_dot_rows, z_row_max, z_exp_sum, z_axpy_rows, z_all_finite,
     sdpa__avx2_pack_lanes, sdpa__avx2_unpack_lanes,
 };
