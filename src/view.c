@@ -391,5 +391,7 @@ SDPA_API sdpa_status sdpa_tensor_init_dtype(sdpa_tensor *view, const void *data,
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 _Static_assert(offsetof(sdpa_options, precision) == offsetof(sdpa_options, reserved0) + 4,
                "sdpa_options 0.4 fields follow reserved0");
-_Static_assert(sizeof(sdpa_options) == offsetof(sdpa_options, reserved1) + 4, "sdpa_options ends with reserved1");
+_Static_assert(offsetof(sdpa_options, block_table) == offsetof(sdpa_options, reserved1) + 4,
+               "sdpa_options 0.5 paged/packed fields follow reserved1");
+_Static_assert(sizeof(sdpa_options) == offsetof(sdpa_options, num_seqs) + 8, "sdpa_options ends with num_seqs");
 #endif

@@ -1,0 +1,154 @@
+/* Packed variable-length batches (0.5, options->cu_seqlens_q; FlashAttention varlen): the
+ * queries of R sequences packed along q's axis 2, keys from cu_seqlens_k or a paged cache.
+ * Every sequence runs as the B = 1 plan it would have alone (its rules from rules.c:
+ * sdpa__rule_for_sequence), so a packed call is bit-identical to the per-sequence calls with
+ * the same kernel. All sequences' value checks run before any output is written. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static sdpa_status check_cu(const char *fn, const char *name, const int32_t *cu, int64_t R, int64_t total,
+                            const char *total_name) {
+    if (cu[0] != 0)
+        return sdpa__fail(SDPA_ERR_INDEX, "%s: options->%s[0]=%d must be 0", fn, name, (int)cu[0]);
+    for (int64_t r = 0; r < R; ++r)
+        if (cu[r + 1] < cu[r])
+            return sdpa__fail(SDPA_ERR_INDEX, "%s: options->%s[%lld]=%d is smaller than %s[%lld]=%d (must not decrease)",
+                              fn, name, (long long)(r + 1), (int)cu[r + 1], name, (long long)r, (int)cu[r]);
+    if (cu[R] != total)
+        return sdpa__fail(SDPA_ERR_INDEX, "%s: options->%s[num_seqs=%lld]=%d must equal %s=%lld", fn, name,
+                          (long long)R, (int)cu[R], total_name, (long long)total);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__varlen_check(const char *fn, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_options *o,
+                               const sdpa_tensor *weights, int64_t *S) {
+    (void)S;
+    if (q->rank != 4 || q->shape[0] != 1)
+        return sdpa__fail(SDPA_ERR_SHAPE, "%s: with options->cu_seqlens_q, query must be [1, Hq, total_q, E] (rank %d, shape[0]=%lld)",
+                          fn, (int)q->rank, (long long)q->shape[0]);
+    if (weights != NULL)
+        return sdpa__fail(SDPA_ERR_UNSUPPORTED, "%s: weights are not available for a packed batch (cu_seqlens_q); pass weights=NULL", fn);
+    if (o->query_lengths != NULL || o->allow_mask != NULL || o->bias != NULL)
+        return sdpa__fail(SDPA_ERR_UNSUPPORTED, "%s: query_lengths, allow_mask and bias are not available with cu_seqlens_q", fn);
+    if (o->num_seqs < 0 || o->num_seqs > INT32_MAX)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->num_seqs=%lld is outside [0, 2^31)", fn, (long long)o->num_seqs);
+    sdpa_status st = check_cu(fn, "cu_seqlens_q", o->cu_seqlens_q, o->num_seqs, q->shape[2], "total_q=query.shape[2]");
+    if (st != SDPA_OK)
+        return st;
+    if (o->cu_seqlens_k != NULL) {
+        if (o->block_table != NULL)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->cu_seqlens_k and block_table are exclusive (keys come from one of them)", fn);
+        if (k->rank != 4 || k->shape[0] != 1)
+            return sdpa__fail(SDPA_ERR_SHAPE, "%s: with options->cu_seqlens_k, key must be [1, Hkv, total_k, E] (rank %d, shape[0]=%lld)",
+                              fn, (int)k->rank, (long long)k->shape[0]);
+        if ((st = check_cu(fn, "cu_seqlens_k", o->cu_seqlens_k, o->num_seqs, k->shape[2], "total_k=key.shape[2]")) != SDPA_OK)
+            return st;
+        if (o->key_lengths != NULL)
+            for (int64_t r = 0; r < o->num_seqs; ++r) {
+                const int64_t Sr = (int64_t)o->cu_seqlens_k[r + 1] - o->cu_seqlens_k[r];
+                if (o->key_lengths[r] < 0 || o->key_lengths[r] > Sr)
+                    return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->key_lengths[%lld]=%lld is outside [0, S_r=%lld] (cu_seqlens_k)",
+                                      fn, (long long)r, (long long)o->key_lengths[r], (long long)Sr);
+            }
+    } else if (o->block_table == NULL) {
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->cu_seqlens_q needs cu_seqlens_k or a block_table for the keys", fn);
+    }
+    return SDPA_OK;
+}
+
+static size_t elem(const sdpa__view4 *v) { return sdpa_dtype_size((sdpa_dtype)v->dtype); }
+
+static void shift(sdpa__view4 *v, int64_t row0, int64_t rows) {
+    v->data = (float *)(void *)((unsigned char *)v->data + (size_t)(row0 * v->strides[2]) * elem(v));
+    v->shape[2] = rows;
+}
+
+/* The B = 1 plan of sequence r. */
+static void sequence_plan(const sdpa__plan *p, const sdpa_options *o, int64_t r, sdpa__plan *s) {
+    *s = *p;
+    const int64_t i0 = o->cu_seqlens_q[r], Lr = (int64_t)o->cu_seqlens_q[r + 1] - i0;
+    s->B = 1;
+    s->L = Lr;
+    shift(&s->q, i0, Lr);
+    shift(&s->out, i0, Lr);
+    if (p->has_lse)
+        s->lse = p->lse + i0 * p->lse_strides[2];
+    if (o->cu_seqlens_k != NULL) {
+        const int64_t j0 = o->cu_seqlens_k[r], Sr = (int64_t)o->cu_seqlens_k[r + 1] - j0;
+        shift(&s->k, j0, Sr);
+        shift(&s->v, j0, Sr);
+        s->S = Sr;
+    } else { /* paged: row r of the block table */
+        sdpa__view4 *w[2] = {&s->k, &s->v};
+        for (int t = 0; t < 2; ++t) {
+            w[t]->block_table += r * w[t]->block_table_stride;
+            w[t]->key_lengths += r;
+        }
+    }
+    s->rules = sdpa__rule_for_sequence(&p->rules, r, s->L, s->S);
+    s->row_block = Lr < 64 ? (Lr > 0 ? Lr : 1) : 64;
+}
+
+sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, const sdpa_options *o, size_t *bytes) {
+    size_t most = 0;
+    for (int64_t r = 0; r < o->num_seqs; ++r) {
+        sdpa__plan s;
+        sequence_plan(p, o, r, &s);
+        if (s.L == 0 || s.Hq == 0)
+            continue;
+        size_t b = 0;
+        const sdpa_status st = sdpa__attention_workspace_bytes(fn, &s, &b);
+        if (st != SDPA_OK)
+            return st;
+        most = b > most ? b : most;
+    }
+    *bytes = most;
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
+    static const char FN[] = "sdpa_attention";
+    size_t need = 0;
+    sdpa_status st = sdpa__varlen_workspace_bytes(FN, p, o, &need);
+    if (st != SDPA_OK)
+        return st;
+    if (need == 0) {
+        sdpa__set_kernel("none");
+        return SDPA_OK;
+    }
+    void *ws = o->workspace, *owned = NULL;
+    size_t ws_bytes = o->workspace_bytes;
+    if (ws != NULL && ws_bytes < need)
+        return sdpa__fail(SDPA_ERR_WORKSPACE_TOO_SMALL,
+                          "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
+                          FN, ws_bytes, need);
+    if (ws == NULL) {
+        owned = ws = malloc(need);
+        ws_bytes = need;
+        if (ws == NULL)
+            return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", FN, need);
+    }
+    /* Pass 1: every sequence's value checks (K/V rows included), before anything is written. */
+    void *aligned = (void *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
+    for (int64_t r = 0; r < o->num_seqs && st == SDPA_OK; ++r) {
+        sdpa__plan s;
+        sequence_plan(p, o, r, &s);
+        if (s.L > 0 && s.Hq > 0)
+            st = sdpa__check_values(&s, true, sdpa__check_threads(&s), aligned);
+    }
+    /* Pass 2: each sequence's kernel; its checks have passed, so the kernel's inline K/V check
+     * is off (it would find nothing). */
+    for (int64_t r = 0; r < o->num_seqs && st == SDPA_OK; ++r) {
+        sdpa__plan s;
+        sequence_plan(p, o, r, &s);
+        if (s.L == 0 || s.Hq == 0)
+            continue;
+        s.check_finite = false;
+        s.empty_rows = p->empty_rows;
+        st = sdpa__attention_planned(&s, ws, ws_bytes);
+    }
+    free(owned);
+    return st;
+}
