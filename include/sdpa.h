@@ -462,7 +462,8 @@ typedef struct sdpa_options {
      *  key_lengths[b] <= S. Every entry a key j < key_lengths[b] reaches must be in
      *  [0, num_blocks) (else SDPA_ERR_INDEX naming b, the block and the value, before anything
      *  is written); entries past a sequence's last block, slots past its length and blocks no
-     *  table entry names are never read. Rows are [B, ...] or, with cu_seqlens_q, [num_seqs, ...]. */
+     *  table entry names are never read (the weights' score stages see zero rows there). Rows
+ *  are [B, ...] or, with cu_seqlens_q, [num_seqs, ...]. */
     const int32_t *block_table;
     /** Elements between rows of block_table; 0 (default) = max_blocks_per_seq. */
     int64_t block_table_stride;
@@ -563,7 +564,11 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *                                 [0, 1); unknown enum value;
  *                                 flag not 0/1; a view's or mask's reserved field or entry
  *                                 beyond rank not 0
- * @retval SDPA_ERR_UNSUPPORTED    options->kernel forces a kernel that cannot serve this call
+ * @retval SDPA_ERR_UNSUPPORTED    options->kernel forces a kernel that cannot serve this call;
+ *                                 weights, query_lengths, allow_mask or bias with cu_seqlens_q
+ * @retval SDPA_ERR_INDEX          (0.5) a block_table entry a valid key reaches is outside
+ *                                 [0, num_blocks), or a cu_seqlens entry is out of order or
+ *                                 does not end at total_q / total_k
  * @retval SDPA_ERR_EMPTY_ROW      a non-padding row has no allowed key under policy ERROR
  * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value that enters out (unless skip_finite_check)
  * @retval SDPA_ERR_WORKSPACE_TOO_SMALL / SDPA_ERR_OUT_OF_MEMORY
