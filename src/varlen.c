@@ -5,6 +5,7 @@
  * the same kernel. All sequences' value checks run before any output is written. */
 #include "internal.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,64 +92,135 @@ static void sequence_plan(const sdpa__plan *p, const sdpa_options *o, int64_t r,
     s->row_block = Lr < 64 ? (Lr > 0 ? Lr : 1) : 64;
 }
 
-sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, const sdpa_options *o, size_t *bytes) {
-    size_t most = 0;
+/* Sequences with at most this many query rows (decode rows, short chunks) run one thread each,
+ * many sequences at a time; longer ones run one after the other on all threads. Results do not
+ * depend on the thread count (DESIGN section 7), so the split changes no bit. Shape-only. */
+#define VARLEN_SMALL_L 8
+
+static bool is_small(const sdpa__plan *s) { return s->L <= VARLEN_SMALL_L; }
+
+/* Threads of the across-sequence pass and the workspace of both passes. */
+typedef struct varlen_ws {
+    int64_t nsmall;
+    int par_threads;
+    size_t serial, per_thread, total; /* bytes */
+} varlen_ws;
+
+static sdpa_status layout(const char *fn, const sdpa__plan *p, const sdpa_options *o, varlen_ws *w) {
+    memset(w, 0, sizeof *w);
     for (int64_t r = 0; r < o->num_seqs; ++r) {
         sdpa__plan s;
         sequence_plan(p, o, r, &s);
         if (s.L == 0 || s.Hq == 0)
             continue;
         size_t b = 0;
+        const bool small = is_small(&s);
+        if (small)
+            s.num_threads = 1;
         const sdpa_status st = sdpa__attention_workspace_bytes(fn, &s, &b);
         if (st != SDPA_OK)
             return st;
-        most = b > most ? b : most;
+        /* The checks of pass 1 run with the sequence's own threads. */
+        s.num_threads = p->num_threads;
+        size_t cb = 0;
+        if (sdpa__attention_workspace_bytes(fn, &s, &cb) != SDPA_OK)
+            return SDPA_ERR_INTERNAL;
+        w->serial = cb > w->serial ? cb : w->serial;
+        if (small) {
+            w->nsmall++;
+            w->per_thread = b > w->per_thread ? b : w->per_thread;
+        }
     }
-    *bytes = most;
+    w->par_threads = (int64_t)p->num_threads < w->nsmall ? p->num_threads : (int)w->nsmall;
+    const size_t par = sdpa__mul_sat(sdpa__align64(w->per_thread), (size_t)w->par_threads);
+    w->total = w->serial > par ? w->serial : par;
+    if (w->total == SIZE_MAX)
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", fn);
+    if (w->total > 0)
+        w->total = sdpa__add_sat(w->total, 64u);
     return SDPA_OK;
+}
+
+sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, const sdpa_options *o, size_t *bytes) {
+    varlen_ws w;
+    const sdpa_status st = layout(fn, p, o, &w);
+    if (st == SDPA_OK)
+        *bytes = w.total;
+    return st;
+}
+
+typedef struct small_ctx {
+    const sdpa__plan *p;
+    const sdpa_options *o;
+    const int64_t *seqs; /* the small sequences, in order */
+    unsigned char *ws;
+    size_t per_thread;
+    _Atomic int failed;
+} small_ctx;
+
+static void small_task(void *vctx, int64_t task, int tid) {
+    small_ctx *c = (small_ctx *)vctx;
+    sdpa__plan s;
+    sequence_plan(c->p, c->o, c->seqs[task], &s);
+    s.num_threads = 1;
+    s.check_finite = false; /* pass 1 checked it */
+    if (sdpa__attention_planned(&s, c->ws + (size_t)tid * c->per_thread, c->per_thread) != SDPA_OK)
+        c->failed = 1; /* cannot happen: the plan and workspace were checked in pass 1 */
 }
 
 sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     static const char FN[] = "sdpa_attention";
-    size_t need = 0;
-    sdpa_status st = sdpa__varlen_workspace_bytes(FN, p, o, &need);
+    varlen_ws w;
+    sdpa_status st = layout(FN, p, o, &w);
     if (st != SDPA_OK)
         return st;
-    if (need == 0) {
+    if (w.total == 0) {
         sdpa__set_kernel("none");
         return SDPA_OK;
     }
     void *ws = o->workspace, *owned = NULL;
-    size_t ws_bytes = o->workspace_bytes;
-    if (ws != NULL && ws_bytes < need)
+    if (ws != NULL && o->workspace_bytes < w.total)
         return sdpa__fail(SDPA_ERR_WORKSPACE_TOO_SMALL,
                           "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
-                          FN, ws_bytes, need);
-    if (ws == NULL) {
-        owned = ws = malloc(need);
-        ws_bytes = need;
-        if (ws == NULL)
-            return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", FN, need);
+                          FN, o->workspace_bytes, w.total);
+    int64_t *seqs = malloc((size_t)(w.nsmall > 0 ? w.nsmall : 1) * sizeof *seqs);
+    if (ws == NULL)
+        owned = ws = malloc(w.total);
+    if (ws == NULL || seqs == NULL) {
+        free(owned);
+        free(seqs);
+        return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", FN, w.total);
     }
+    unsigned char *aligned = (unsigned char *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
     /* Pass 1: every sequence's value checks (K/V rows included), before anything is written. */
-    void *aligned = (void *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
-    for (int64_t r = 0; r < o->num_seqs && st == SDPA_OK; ++r) {
-        sdpa__plan s;
-        sequence_plan(p, o, r, &s);
-        if (s.L > 0 && s.Hq > 0)
-            st = sdpa__check_values(&s, true, sdpa__check_threads(&s), aligned);
-    }
-    /* Pass 2: each sequence's kernel; its checks have passed, so the kernel's inline K/V check
-     * is off (it would find nothing). */
+    int64_t ns = 0;
     for (int64_t r = 0; r < o->num_seqs && st == SDPA_OK; ++r) {
         sdpa__plan s;
         sequence_plan(p, o, r, &s);
         if (s.L == 0 || s.Hq == 0)
             continue;
-        s.check_finite = false;
-        s.empty_rows = p->empty_rows;
-        st = sdpa__attention_planned(&s, ws, ws_bytes);
+        st = sdpa__check_values(&s, true, sdpa__check_threads(&s), aligned);
+        if (is_small(&s))
+            seqs[ns++] = r;
     }
+    /* Pass 2a: long sequences one after the other, each on all threads; their checks have
+     * passed, so the kernels' inline K/V check is off (it would find nothing). */
+    for (int64_t r = 0; r < o->num_seqs && st == SDPA_OK; ++r) {
+        sdpa__plan s;
+        sequence_plan(p, o, r, &s);
+        if (s.L == 0 || s.Hq == 0 || is_small(&s))
+            continue;
+        s.check_finite = false;
+        st = sdpa__attention_planned(&s, aligned, w.total - 64u);
+    }
+    /* Pass 2b: short sequences, one thread each, many at a time. */
+    if (st == SDPA_OK && ns > 0) {
+        small_ctx c = {p, o, seqs, aligned, sdpa__align64(w.per_thread), 0};
+        sdpa__parallel_for(w.par_threads, ns, small_task, &c);
+        if (c.failed)
+            st = sdpa__fail(SDPA_ERR_INTERNAL, "%s: a packed sequence failed after its checks passed", FN);
+    }
+    free(seqs);
     free(owned);
     return st;
 }
