@@ -163,7 +163,8 @@ static void small_task(void *vctx, int64_t task, int tid) {
     sdpa__plan s;
     sequence_plan(c->p, c->o, c->seqs[task], &s);
     s.num_threads = 1;
-    s.check_finite = false; /* pass 1 checked it */
+    s.check_finite = false; /* pass 1 checked everything: no empty row is left under ERROR */
+    s.empty_rows = SDPA_EMPTY_ROWS_ZERO;
     if (sdpa__attention_planned(&s, c->ws + (size_t)tid * c->per_thread, c->per_thread) != SDPA_OK)
         c->failed = 1; /* cannot happen: the plan and workspace were checked in pass 1 */
 }
@@ -203,14 +204,16 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
         if (is_small(&s))
             seqs[ns++] = r;
     }
-    /* Pass 2a: long sequences one after the other, each on all threads; their checks have
-     * passed, so the kernels' inline K/V check is off (it would find nothing). */
+    /* Pass 2a: long sequences one after the other, each on all threads. Their checks have
+     * passed, so the check stage and the kernels' inline K/V check are off (they would find
+     * nothing; under ERROR no row is empty, so the ZERO policy changes no bit). */
     for (int64_t r = 0; r < o->num_seqs && st == SDPA_OK; ++r) {
         sdpa__plan s;
         sequence_plan(p, o, r, &s);
         if (s.L == 0 || s.Hq == 0 || is_small(&s))
             continue;
         s.check_finite = false;
+        s.empty_rows = SDPA_EMPTY_ROWS_ZERO;
         st = sdpa__attention_planned(&s, aligned, w.total - 64u);
     }
     /* Pass 2b: short sequences, one thread each, many at a time. */

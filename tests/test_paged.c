@@ -667,6 +667,110 @@ static void test_kv_write_convert(void **state) {
     assert_true(back[0] == 1.0f && back[1] == 1.015625f && back[2] == 1.0078125f && back[3] == -3.0f);
 }
 
+/* Reduced-precision caches: the paged loader serves every dtype the strided loaders do. On a
+ * build whose attention computes f16/bf16 K/V, paged and dense views of the same 16-bit keys
+ * are bit-equal; on one that does not, both answer SDPA_ERR_DTYPE (never one without the other). */
+static void test_paged_16bit_like_dense(void **state) {
+    (void)state;
+    const sdpa_dtype dts[2] = {SDPA_DTYPE_F16, SDPA_DTYPE_BF16};
+    const int64_t B = 2, Hq = 4, Hkv = 2, E = 16, BS = 4, MB = 3, NB = 7, S = MB * BS, L = 2;
+    const int64_t len[2] = {9, 4};
+    const int32_t table[2 * 3] = {5, 0, 3, 6, -1, 99}; /* sequence 1 uses one block; the rest is never read */
+    uint16_t pk[7 * 2 * 4 * 16], pv[7 * 2 * 4 * 16], dk[2 * 2 * 12 * 16], dv[2 * 2 * 12 * 16];
+    float q[2 * 4 * 2 * 16], o1[2 * 4 * 2 * 16], o2[2 * 4 * 2 * 16];
+    fill(q, sizeof q / sizeof q[0]);
+    for (int d = 0; d < 2; ++d) {
+        memset(pk, 0xFF, sizeof pk); /* NaN in either 16-bit format */
+        memset(pv, 0xFF, sizeof pv);
+        for (size_t t = 0; t < sizeof dk / sizeof dk[0]; ++t) {
+            dk[t] = (uint16_t)(d == 0 ? 0x3000 + (rnd() & 0x3FF) : 0x3E00 + (rnd() & 0xFF));
+            dv[t] = (uint16_t)(d == 0 ? 0xB000 + (rnd() & 0x3FF) : 0xBE00 + (rnd() & 0xFF));
+        }
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < Hkv; ++h)
+                for (int64_t j = 0; j < len[b]; ++j) {
+                    const int64_t blk = table[b * MB + j / BS];
+                    memcpy(&pk[((blk * Hkv + h) * BS + j % BS) * E], &dk[((b * Hkv + h) * S + j) * E], (size_t)E * 2);
+                    memcpy(&pv[((blk * Hkv + h) * BS + j % BS) * E], &dv[((b * Hkv + h) * S + j) * E], (size_t)E * 2);
+                }
+        sdpa_tensor tq = view4(q, B, Hq, L, E, NULL), to1 = view4(o1, B, Hq, L, E, NULL), to2 = view4(o2, B, Hq, L, E, NULL);
+        sdpa_tensor tdk, tdv, tpk, tpv;
+        const int64_t ds[4] = {B, Hkv, S, E}, ps[4] = {NB, Hkv, BS, E};
+        assert_int_equal(sdpa_tensor_init_dtype(&tdk, dk, dts[d], 4, ds), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init_dtype(&tdv, dv, dts[d], 4, ds), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init_dtype(&tpk, pk, dts[d], 4, ps), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init_dtype(&tpv, pv, dts[d], 4, ps), SDPA_OK);
+        for (size_t kk = 0; kk < sizeof g_kernels / sizeof g_kernels[0]; ++kk) {
+            sdpa_options o;
+            sdpa_options_init(&o);
+            o.kernel = g_kernels[kk];
+            o.causal = 1;
+            o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+            o.key_lengths = len;
+            const sdpa_status s1 = sdpa_attention(&tq, &tdk, &tdv, &o, &to1, NULL, NULL);
+            o.block_table = table;
+            o.max_blocks_per_seq = MB;
+            const sdpa_status s2 = sdpa_attention(&tq, &tpk, &tpv, &o, &to2, NULL, NULL);
+            assert_int_equal(s1, s2);
+            if (s1 == SDPA_ERR_DTYPE) {
+                if (kk == 0)
+                    printf("%s K/V: attention answers SDPA_ERR_DTYPE for dense and paged alike (16-bit K/V not computed by this build)\n",
+                           sdpa_dtype_name(dts[d]));
+                continue;
+            }
+            assert_int_equal(s1, SDPA_OK);
+            bits_equal(o1, o2, sizeof o1 / sizeof o1[0], "16-bit paged vs dense");
+        }
+    }
+}
+
+/* Packed calls: OFFSETS alignment indexed by sequence, the workspace query, a caller workspace. */
+static void test_packed_offsets_workspace(void **state) {
+    (void)state;
+    const int64_t Hq = 2, Hkv = 1, E = 8;
+    float q[2 * 6 * 8], k[10 * 8], v[10 * 8], out[2 * 6 * 8], ref[2 * 6 * 8];
+    fill(q, 96); fill(k, 80); fill(v, 80);
+    sdpa_tensor tq = view4(q, 1, Hq, 6, E, NULL), tk = view4(k, 1, Hkv, 10, E, NULL), tv = view4(v, 1, Hkv, 10, E, NULL);
+    sdpa_tensor to = view4(out, 1, Hq, 6, E, NULL);
+    int32_t cuq[4] = {0, 2, 5, 6}, cuk[4] = {0, 4, 7, 10};
+    int64_t qo[3] = {1, 0, 2};
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.cu_seqlens_q = cuq;
+    o.cu_seqlens_k = cuk;
+    o.num_seqs = 3;
+    o.causal = 1;
+    o.alignment = SDPA_ALIGN_OFFSETS;
+    o.query_offsets = qo;
+    o.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+    size_t bytes = 0;
+    expect(sdpa_attention_workspace_size(&tq, &tk, &tv, &o, 0, &bytes), SDPA_OK, NULL);
+    assert_true(bytes > 0);
+    void *ws = malloc(bytes);
+    o.workspace = ws;
+    o.workspace_bytes = bytes - 1;
+    canary(out, 96);
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_WORKSPACE_TOO_SMALL, NULL);
+    assert_true(is_canary(out, 96));
+    o.workspace_bytes = bytes;
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK, NULL);
+    free(ws);
+    for (int r = 0; r < 3; ++r) {
+        const int64_t Lr = cuq[r + 1] - cuq[r], Sr = cuk[r + 1] - cuk[r];
+        const int64_t qst[4] = {Hq * 6 * E, 6 * E, E, 1};
+        sdpa_tensor sq = view4(q + cuq[r] * E, 1, Hq, Lr, E, qst), so = view4(ref + cuq[r] * E, 1, Hq, Lr, E, qst);
+        sdpa_tensor sk = view4(k + cuk[r] * E, 1, Hkv, Sr, E, NULL), sv = view4(v + cuk[r] * E, 1, Hkv, Sr, E, NULL);
+        sdpa_options s;
+        sdpa_options_init(&s);
+        s.causal = 1;
+        s.alignment = SDPA_ALIGN_OFFSETS;
+        s.query_offsets = &qo[r];
+        s.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        expect(sdpa_attention(&sq, &sk, &sv, &s, &so, NULL, NULL), SDPA_OK, NULL);
+    }
+    bits_equal(ref, out, 96, "packed OFFSETS vs per-sequence");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_vs_dense),
@@ -677,6 +781,8 @@ int main(void) {
         cmocka_unit_test(test_bad_cu_seqlens),
         cmocka_unit_test(test_kv_write),
         cmocka_unit_test(test_kv_write_convert),
+        cmocka_unit_test(test_paged_16bit_like_dense),
+        cmocka_unit_test(test_packed_offsets_workspace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
