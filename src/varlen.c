@@ -6,6 +6,7 @@
 #include "internal.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,8 +156,20 @@ typedef struct small_ctx {
     const int64_t *seqs; /* the small sequences, in order */
     unsigned char *ws;
     size_t per_thread;
+    unsigned char *bad; /* pass 1: per short sequence, 1 = its checks failed */
     _Atomic int failed;
 } small_ctx;
+
+/* Pass 1 for a short sequence on one thread: its status only (the message of the first
+ * failing sequence is made again on the calling thread). */
+static void small_check_task(void *vctx, int64_t task, int tid) {
+    small_ctx *c = (small_ctx *)vctx;
+    sdpa__plan s;
+    sequence_plan(c->p, c->o, c->seqs[task], &s);
+    s.num_threads = 1;
+    if (sdpa__check_values(&s, true, 1, c->ws + (size_t)tid * c->per_thread) != SDPA_OK)
+        c->bad[task] = 1;
+}
 
 static void small_task(void *vctx, int64_t task, int tid) {
     small_ctx *c = (small_ctx *)vctx;
@@ -193,16 +206,50 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
         return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", FN, w.total);
     }
     unsigned char *aligned = (unsigned char *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
-    /* Pass 1: every sequence's value checks (K/V rows included), before anything is written. */
-    int64_t ns = 0;
-    for (int64_t r = 0; r < o->num_seqs && st == SDPA_OK; ++r) {
+    /* Pass 1: every sequence's value checks (K/V rows included), before anything is written:
+     * long sequences on all threads, short ones one thread each, many at a time; the failure
+     * reported is the one of the lowest failing sequence, as a scan in order would find. */
+    int64_t ns = 0, first_bad = o->num_seqs;
+    for (int64_t r = 0; r < o->num_seqs; ++r) {
         sdpa__plan s;
         sequence_plan(p, o, r, &s);
         if (s.L == 0 || s.Hq == 0)
             continue;
-        st = sdpa__check_values(&s, true, sdpa__check_threads(&s), aligned);
-        if (is_small(&s))
+        if (is_small(&s)) {
             seqs[ns++] = r;
+            continue;
+        }
+        if (sdpa__check_values(&s, true, sdpa__check_threads(&s), aligned) != SDPA_OK) {
+            first_bad = r;
+            break;
+        }
+    }
+    unsigned char *bad = ns > 0 ? calloc((size_t)ns, 1) : NULL;
+    if (ns > 0 && bad == NULL) {
+        free(owned);
+        free(seqs);
+        return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %lld bytes", FN, (long long)ns);
+    }
+    if (ns > 0 && (p->check_finite || p->empty_rows == SDPA_EMPTY_ROWS_ERROR)) {
+        small_ctx c = {p, o, seqs, aligned, sdpa__align64(w.per_thread), bad, 0};
+        sdpa__parallel_for(w.par_threads, ns, small_check_task, &c);
+        for (int64_t t = 0; t < ns && seqs[t] < first_bad; ++t)
+            if (bad[t])
+                first_bad = seqs[t];
+    }
+    free(bad);
+    if (first_bad < o->num_seqs) { /* the message, made again on this thread */
+        sdpa__plan s;
+        sequence_plan(p, o, first_bad, &s);
+        st = sdpa__check_values(&s, true, sdpa__check_threads(&s), aligned);
+        if (st == SDPA_OK) {
+            st = sdpa__fail(SDPA_ERR_INTERNAL, "%s: a packed sequence's checks gave two answers", FN);
+        } else { /* its b is 0 (the sequence alone): name the sequence and its first packed row */
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", sdpa_last_error_message());
+            st = sdpa__fail(st, "%s [packed sequence r=%lld: b=0 is r, i counts from cu_seqlens_q[r]=%d, j from its first key]",
+                            msg, (long long)first_bad, (int)o->cu_seqlens_q[first_bad]);
+        }
     }
     /* Pass 2a: long sequences one after the other, each on all threads. Their checks have
      * passed, so the check stage and the kernels' inline K/V check are off (they would find
@@ -218,7 +265,7 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     }
     /* Pass 2b: short sequences, one thread each, many at a time. */
     if (st == SDPA_OK && ns > 0) {
-        small_ctx c = {p, o, seqs, aligned, sdpa__align64(w.per_thread), 0};
+        small_ctx c = {p, o, seqs, aligned, sdpa__align64(w.per_thread), NULL, 0};
         sdpa__parallel_for(w.par_threads, ns, small_task, &c);
         if (c.failed)
             st = sdpa__fail(SDPA_ERR_INTERNAL, "%s: a packed sequence failed after its checks passed", FN);

@@ -579,6 +579,43 @@ static void test_bad_cu_seqlens(void **state) {
     expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK, NULL);
 }
 
+/* The failure reported by a packed call is the lowest failing sequence's, whichever pass
+ * (short sequences in parallel, long ones in order) found it. */
+static void test_packed_first_failure(void **state) {
+    (void)state;
+    const int64_t Hq = 2, Hkv = 1, E = 8;
+    float q[2 * 11 * 8], k[12 * 8], v[12 * 8], out[2 * 11 * 8];
+    fill(q, 176); fill(k, 96); fill(v, 96);
+    sdpa_tensor tq = view4(q, 1, Hq, 11, E, NULL), tk = view4(k, 1, Hkv, 12, E, NULL), tv = view4(v, 1, Hkv, 12, E, NULL);
+    sdpa_tensor to = view4(out, 1, Hq, 11, E, NULL);
+    int32_t cuq[3] = {0, 1, 11}, cuk[3] = {0, 2, 12}; /* sequence 0: a decode row; 1: a chunk of 10 */
+    int64_t kl[2] = {0, 10};
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.cu_seqlens_q = cuq;
+    o.cu_seqlens_k = cuk;
+    o.num_seqs = 2;
+    o.key_lengths = kl;
+    k[5 * 8] = NAN; /* key 3 of sequence 1 */
+    canary(out, 176);
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_EMPTY_ROW, "b=0");
+    kl[0] = 2;
+    kl[1] = 0;
+    k[5 * 8] = 0.5f;
+    k[1 * 8] = NAN; /* key 1 of sequence 0 */
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NON_FINITE, NULL);
+    kl[1] = 10;
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NON_FINITE, "packed sequence r=0");
+    k[1 * 8] = 0.5f;
+    k[5 * 8] = NAN;
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NON_FINITE, "packed sequence r=1");
+    k[5 * 8] = 0.5f;
+    k[1 * 8] = NAN;
+    assert_true(is_canary(out, 176));
+    k[1 * 8] = 0.5f;
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK, NULL);
+}
+
 /* ------------------------------------------------------------- sdpa_kv_write */
 
 static void test_kv_write(void **state) {
@@ -783,6 +820,7 @@ int main(void) {
         cmocka_unit_test(test_kv_write_convert),
         cmocka_unit_test(test_paged_16bit_like_dense),
         cmocka_unit_test(test_packed_offsets_workspace),
+        cmocka_unit_test(test_packed_first_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
