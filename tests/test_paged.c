@@ -783,6 +783,7 @@ static void test_packed_offsets_workspace(void **state) {
     size_t bytes = 0;
     expect(sdpa_attention_workspace_size(&tq, &tk, &tv, &o, 0, &bytes), SDPA_OK, NULL);
     assert_true(bytes > 0);
+    expect(sdpa_attention_workspace_size(&tq, &tk, &tv, &o, 1, &bytes), SDPA_ERR_UNSUPPORTED, "weights");
     void *ws = malloc(bytes);
     o.workspace = ws;
     o.workspace_bytes = bytes - 1;
