@@ -213,6 +213,23 @@ static void paged_vs_dense_case(int layout, int64_t L, int rule) {
             o.window_left = 20;
             o.window_right = 0;
         }
+        sdpa_allow_mask am;
+        float *bias = NULL;
+        uint8_t *mk = NULL;
+        sdpa_tensor tb;
+        if (rule == 3) { /* an allow-mask [B, 1, L, S] and a bias [Hq, L, S] with -inf entries */
+            const int64_t ms[4] = {B, 1, L, S}, bs3[3] = {Hq, L, S};
+            mk = malloc((size_t)(B * L * S));
+            bias = falloc((size_t)(Hq * L * S));
+            for (int64_t t = 0; t < B * L * S; ++t)
+                mk[t] = (rnd() % 4) != 0;
+            for (int64_t t = 0; t < Hq * L * S; ++t)
+                bias[t] = (rnd() % 7) == 0 ? -INFINITY : urand();
+            assert_int_equal(sdpa_allow_mask_init(&am, mk, 4, ms), SDPA_OK);
+            assert_int_equal(sdpa_tensor_init_dtype(&tb, bias, SDPA_DTYPE_F32, 3, bs3), SDPA_OK);
+            o.allow_mask = &am;
+            o.bias = &tb;
+        }
         canary(o1, no); canary(o2, no); canary(l1, nl); canary(l2, nl);
         expect(sdpa_attention(&tq, &tdk, &tdv, &o, &to1, NULL, &tl1), SDPA_OK, NULL);
         const char *k1 = sdpa_last_kernel();
@@ -223,6 +240,8 @@ static void paged_vs_dense_case(int layout, int64_t L, int rule) {
         assert_string_equal(name, sdpa_last_kernel());
         bits_equal(o1, o2, no, "out paged vs dense");
         bits_equal(l1, l2, nl, "lse paged vs dense");
+        free(mk);
+        free(bias);
     }
     free(q); free(o1); free(o2); free(l1); free(l2);
     fix_free(&f);
@@ -231,7 +250,7 @@ static void paged_vs_dense_case(int layout, int64_t L, int rule) {
 static void test_paged_vs_dense(void **state) {
     (void)state;
     for (int layout = 0; layout < 2; ++layout)
-        for (int rule = 0; rule < 3; ++rule) {
+        for (int rule = 0; rule < 4; ++rule) {
             paged_vs_dense_case(layout, 1, rule);
             paged_vs_dense_case(layout, 5, rule);
             paged_vs_dense_case(layout, 70, rule);
