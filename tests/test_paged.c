@@ -714,7 +714,7 @@ static void test_kv_write_convert(void **state) {
     assert_int_equal(cache[2], 0x3C00); /* 1 + 2^-11: tie -> even */
     assert_int_equal(cache[3], 0xC200);
     /* And back: bf16 rows into an f32 cache widen exactly. */
-    float back[4];
+    float back[2 * 4];
     sdpa_tensor tb, tr16;
     assert_int_equal(sdpa_tensor_init_dtype(&tb, back, SDPA_DTYPE_F32, 4, cs), SDPA_OK);
     const uint16_t b16[4] = {0x3F80, 0x3F82, 0x3F81, 0xC040};
