@@ -96,6 +96,7 @@ typedef enum sdpa_status {
     SDPA_ERR_OVERLAP = 24,           /**< an output overlaps an input or another output */
     SDPA_ERR_SIZE_OVERFLOW = 25,     /**< a shape/stride product overflows int64_t or size_t */
     SDPA_ERR_EMPTY_DIMENSION = 26,   /**< a dimension that must be >= 1 is 0 (the head width E) */
+    SDPA_ERR_INDEX = 27,             /**< (0.5) an index read from caller memory is out of range: a block_table entry, a cu_seqlens entry, a kv-write slot */
 
     /* 30-39: data type */
     SDPA_ERR_DTYPE = 30,             /**< dtype not an sdpa_dtype, or one this entry point does not compute (0.4: only float32 is computed) */
@@ -481,7 +482,8 @@ typedef struct sdpa_options {
      *  alignment = SDPA_ALIGN_BOTTOM_RIGHT. Slopes from the ALiBi paper: sdpa_alibi_slopes().
      *  NaN/Inf slopes are SDPA_ERR_NON_FINITE (always checked). */
     const float *alibi_slopes;
-    /** 0: no ALiBi (alibi_slopes must be NULL); 1: alibi_slopes is [Hq]; 2: [B, Hq] (row-major).
+    /** 0: no ALiBi (alibi_slopes must be NULL); 1: alibi_slopes is [Hq]; 2: [B, Hq] (row-major;
+     *  [num_seqs, Hq] with cu_seqlens_q, one row per packed sequence).
      *  Anything else, or slopes without a rank, is SDPA_ERR_INVALID_ARGUMENT. */
     int32_t alibi_slopes_rank;
     /** Most tasks the parallel_for hook below may run at once (>= 1 when the hook is set; the
@@ -502,6 +504,43 @@ typedef struct sdpa_options {
      *  on the pool's threads plus the calling thread and creates no thread. num_threads, if
      *  > 0, caps the threads used (pool size otherwise). */
     sdpa_threadpool *threadpool;
+
+    /* ---- appended in 0.5: paged K/V and packed variable-length batches (README "Serving") ---- */
+    /** Paged K/V (nullable; NULL = k and v are ordinary [B, Hkv, S, E] views). With a block
+     *  table, k and v are block pools: k [num_blocks, Hkv, block_size, E] and v [num_blocks, Hkv,
+     *  block_size, Ev], rank 4, any strides (vLLM's [num_blocks, block_size, Hkv, E] cache is the
+     *  view with strides {bs*Hkv*E, E, Hkv*E, 1}); key_lengths is required and gives each
+     *  sequence's keys. Key j of sequence b lives in block block_table[b * block_table_stride +
+     *  j / block_size], slot j % block_size (vLLM block_tables, FlashAttention-2 block_table,
+     *  ONNX Runtime PagedAttention). The logical S is max_blocks_per_seq * block_size, so
+     *  key_lengths[b] <= S. Every entry a key j < key_lengths[b] reaches must be in
+     *  [0, num_blocks) (else SDPA_ERR_INDEX naming b, the block and the value, before anything
+     *  is written); entries past a sequence's last block, slots past its length and blocks no
+     *  table entry names are never read (the weights' score stages see zero rows there). Rows
+ *  are [B, ...] or, with cu_seqlens_q, [num_seqs, ...]. */
+    const int32_t *block_table;
+    /** Elements between rows of block_table; 0 (default) = max_blocks_per_seq. */
+    int64_t block_table_stride;
+    /** Columns of block_table (>= 1 with a block table). */
+    int64_t max_blocks_per_seq;
+    /** Packed variable-length batch (nullable; FlashAttention flash_attn_varlen_func): the
+     *  queries of num_seqs sequences packed without padding along q's axis 2, sequence r owning
+     *  rows [cu_seqlens_q[r], cu_seqlens_q[r+1]). q is [1, Hq, total_q, E] (FlashAttention's
+     *  [total_q, Hq, E] buffer is the view with strides {0, E, Hq*E, 1}), out [1, Hq, total_q,
+     *  Ev], lse [1, Hq, total_q]; weights are not available (SDPA_ERR_UNSUPPORTED). Keys of
+     *  sequence r: with cu_seqlens_k, rows [cu_seqlens_k[r], cu_seqlens_k[r+1]) of k [1, Hkv,
+     *  total_k, E] and v; with a block table, row r of it and key_lengths[r] (a paged cache);
+     *  otherwise SDPA_ERR_NULL_POINTER. Both arrays have num_seqs + 1 entries, start at 0, never
+     *  decrease and end at total_q (total_k); else SDPA_ERR_INDEX naming the entry. Each
+     *  sequence gets exactly what one sdpa_attention call over it alone (B = 1) gives:
+     *  causal and windows are bottom-right per sequence (p = i + S_r - L_r; alignment TOP_LEFT
+     *  or BOTTOM_RIGHT, as FlashAttention varlen) or p = i + query_offsets[r] (OFFSETS);
+     *  key_lengths and query_offsets are indexed by r; query_lengths and allow_mask/bias are not
+     *  available with cu_seqlens_q (SDPA_ERR_UNSUPPORTED). */
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+    /** Sequences R of a packed batch (>= 0; used only with cu_seqlens_q). */
+    int64_t num_seqs;
 } sdpa_options;
 
 /**
@@ -592,7 +631,11 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *                                 beyond rank not 0; alibi_slopes_rank not 0/1/2 or not
  *                                 matching alibi_slopes; parallel_for with threadpool, or
  *                                 with parallel_for_threads < 1
- * @retval SDPA_ERR_UNSUPPORTED    options->kernel forces a kernel that cannot serve this call
+ * @retval SDPA_ERR_UNSUPPORTED    options->kernel forces a kernel that cannot serve this call;
+ *                                 weights, query_lengths, allow_mask or bias with cu_seqlens_q
+ * @retval SDPA_ERR_INDEX          (0.5) a block_table entry a valid key reaches is outside
+ *                                 [0, num_blocks), or a cu_seqlens entry is out of order or
+ *                                 does not end at total_q / total_k
  * @retval SDPA_ERR_EMPTY_ROW      a non-padding row has no allowed key under policy ERROR
  * @retval SDPA_ERR_NON_FINITE     NaN/Inf in a value that enters out (unless skip_finite_check);
  *                                 a NaN/+inf sink or a NaN/Inf ALiBi slope (always)
@@ -787,6 +830,28 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_merge(const sdpa_tensor *out_a, const sdpa_tensor *lse_a,
                                                const sdpa_tensor *out_b, const sdpa_tensor *lse_b,
                                                const sdpa_tensor *out, const sdpa_tensor *lse);
+
+/* ------------------------------------------------------------ cache write */
+
+/**
+ * Scatter new K/V rows into a cache by slot index (vLLM reshape_and_cache's slot_mapping
+ * contract). The cache is a block pool key_cache [num_blocks, Hkv, block_size, E] and
+ * value_cache [num_blocks, Hkv, block_size, Ev] (any strides; a dense [B, Hkv, S, E] cache is
+ * the pool with num_blocks = B, block_size = S), rows key [T, Hkv, E], value [T, Hkv, Ev].
+ * Row t goes to block slot_mapping[t] / block_size, slot slot_mapping[t] % block_size (so
+ * slot = block * block_size + offset); a negative slot skips the row (padding tokens, as vLLM).
+ * Rows of any dtype are converted to the cache's dtype with round-to-nearest-even (exact when
+ * the dtypes are equal or the cache is wider). Every slot is validated before anything is
+ * written: a slot >= num_blocks * block_size is SDPA_ERR_INDEX naming the row and value. Rows
+ * are written in order t = 0..T-1 (two rows naming one slot: the later wins, as in vLLM).
+ * value_cache and value may both be NULL (keys only). On the caller's thread; no allocation.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
+ *         SDPA_ERR_STRIDE (cache self-overlapping), SDPA_ERR_OVERLAP (rows or slot_mapping
+ *         overlap a cache, or the caches each other), SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_INDEX
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, const sdpa_tensor *value_cache,
+                                                  const sdpa_tensor *key, const sdpa_tensor *value,
+                                                  const int64_t *slot_mapping);
 
 /* ------------------------------------------------- multi-head attention layer */
 

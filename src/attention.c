@@ -101,6 +101,10 @@ SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const s
     if (st != SDPA_OK)
         return st;
     p.has_weights = weights_requested != 0;
+    if (o.cu_seqlens_q != NULL && p.has_weights)
+        return sdpa__fail(SDPA_ERR_UNSUPPORTED, "%s: weights are not available for a packed batch (cu_seqlens_q)", fn);
+    if (o.cu_seqlens_q != NULL)
+        return sdpa__varlen_workspace_bytes(fn, &p, &o, bytes);
     return sdpa__attention_workspace_bytes(fn, &p, bytes);
 }
 
@@ -113,5 +117,7 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, 
     sdpa_status st = sdpa__plan_make(q, k, v, options, out, weights, lse, false, &p, &o);
     if (st != SDPA_OK)
         return st;
+    if (o.cu_seqlens_q != NULL)
+        return sdpa__varlen_run(&p, &o);
     return sdpa__attention_planned(&p, o.workspace, o.workspace_bytes);
 }

@@ -33,6 +33,13 @@ typedef struct sdpa__view4 {
     int32_t dtype;   /* sdpa_dtype */
     int64_t shape[4];
     int64_t strides[4];
+    /* Paged addressing (0.5, load.h SDPA__ADDR_PAGED; block_size 0 = not paged): data and
+     * strides are the block pool's [num_blocks, Hkv, block_size, E], shape is the logical
+     * [B, Hkv, S, E]; row j of batch b is block block_table[b * block_table_stride + j /
+     * block_size], slot j % block_size; rows j >= key_lengths[b] are never read. */
+    const int32_t *block_table;
+    int64_t block_table_stride, block_size;
+    const int64_t *key_lengths;
 } sdpa__view4;
 
 /* Byte interval [lo, hi) covered by a view; empty when lo == hi. */
@@ -139,6 +146,7 @@ static inline float sdpa__sink(const float *sinks, int64_t h) { return sinks != 
 
 typedef struct sdpa__plan {
     int64_t B, Hq, Hkv, L, S, E, Ev, group; /* group = Hq / Hkv */
+    int64_t num_blocks;                     /* paged K/V (0.5): blocks of the pool, else 0 */
     sdpa__view4 q, k, v, out;
     const struct sdpa__loader *load_q, *load_k, *load_v; /* how q, k, v are read (load.h) */
     bool has_weights, has_lse;
@@ -165,6 +173,19 @@ typedef struct sdpa__plan {
 sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
                             const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
                             const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o);
+
+/* ---- varlen.c: packed variable-length batches (0.5, options->cu_seqlens_q) ---- */
+
+/* The checks of a packed call that plan.c makes before the shapes (q [1, Hq, total_q, E]; the
+ * cu_seqlens arrays; what a packed call cannot take). With cu_seqlens_k, *S is left as
+ * k.shape[2] = total_k. */
+sdpa_status sdpa__varlen_check(const char *fn, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_options *o,
+                               const sdpa_tensor *weights, int64_t *S);
+/* sdpa_attention of a packed plan (p from sdpa__plan_make with o->cu_seqlens_q): every
+ * sequence's plan and value checks first, then each sequence's kernel. */
+sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o);
+/* Workspace bytes of a packed plan: the most any of its sequences needs. */
+sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, const sdpa_options *o, size_t *bytes);
 
 /* ---- attention.c: the internal entries behind sdpa_attention (mha.c uses them) ---- */
 

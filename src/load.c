@@ -1,6 +1,8 @@
 /* Loaders (load.h): storage (dtype x addressing) -> float32 rows for the kernels. */
 #include "load.h"
 #include "microkernel.h"
+#include "convert.h"
+#include "dispatch.h"
 
 #include <string.h>
 
@@ -33,9 +35,64 @@ static bool f32_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int
 
 static const sdpa__loader g_f32_strided = {"f32-strided", f32_strided_rows, f32_strided_row_finite};
 
+/* ---- paged addressing (0.5): one loader for every dtype ----
+ * Rows are gathered block by block: each run of consecutive rows inside one block is a
+ * strided [rows, n] piece of the pool, widened by sdpa__widen_rows (the per-dtype conversion
+ * of convert.h; for f32 a strided copy). Rows j >= key_lengths[b] are never read: their tile
+ * rows are zeros (the rules never let a query attend them). An f32 range inside one block with
+ * unit inner stride is handed out in place. */
+
+static const unsigned char *paged_row(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r) {
+    const int64_t blk = v->block_table[b * v->block_table_stride + r / v->block_size];
+    const int64_t off = blk * v->strides[0] + h * v->strides[1] + (r % v->block_size) * v->strides[2];
+    return (const unsigned char *)v->data + off * (int64_t)sdpa_dtype_size((sdpa_dtype)v->dtype);
+}
+
+static sdpa__rows paged_rows(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1, float *tile) {
+    const int64_t n = v->shape[3], bs = v->block_size, len = v->key_lengths[b];
+    sdpa__rows out;
+    if (v->dtype == SDPA_DTYPE_F32 && (v->strides[3] == 1 || n <= 1) && r1 <= len && r0 / bs == (r1 - 1) / bs) {
+        out.data = (const float *)(const void *)paged_row(v, b, h, r0);
+        out.stride = (ptrdiff_t)v->strides[2];
+        return out;
+    }
+    const sdpa__convert *cv = sdpa__convert_for_isa((int)sdpa__dispatch_isa());
+    const int64_t valid = r1 < len ? r1 : len;
+    int64_t r = r0;
+    while (r < valid) {
+        int64_t e = (r / bs + 1) * bs; /* end of r's block */
+        if (e > valid)
+            e = valid;
+        sdpa__widen_rows(cv, v->dtype, paged_row(v, b, h, r), (ptrdiff_t)v->strides[2], (ptrdiff_t)v->strides[3],
+                         e - r, n, tile + (r - r0) * n, n);
+        r = e;
+    }
+    if (r < r1)
+        memset(tile + (r - r0) * n, 0, (size_t)((r1 - r) * n) * sizeof(float));
+    out.data = tile;
+    out.stride = (ptrdiff_t)n;
+    return out;
+}
+
+static bool paged_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int64_t b, int64_t h, int64_t r) {
+    if (r >= v->key_lengths[b])
+        return true; /* never read */
+    const void *src = paged_row(v, b, h, r);
+    if (v->dtype == SDPA_DTYPE_F32)
+        return sdpa__finite_strided(mk, (const float *)src, v->shape[3], v->strides[3]);
+    return sdpa__finite_rows(sdpa__convert_for_isa((int)sdpa__dispatch_isa()), v->dtype, src, 0,
+                             (ptrdiff_t)v->strides[3], 1, v->shape[3]);
+}
+
+static const sdpa__loader g_f32_paged = {"f32-paged", paged_rows, paged_row_finite};
+static const sdpa__loader g_f16_paged = {"f16-paged", paged_rows, paged_row_finite};
+static const sdpa__loader g_bf16_paged = {"bf16-paged", paged_rows, paged_row_finite};
+
 /* [addressing][sdpa_dtype]; NULL = not supported (rejected by validation before a plan). */
 static const sdpa__loader *const g_loaders[SDPA__ADDR_COUNT][3] = {
     [SDPA__ADDR_STRIDED] = {[SDPA_DTYPE_F32] = &g_f32_strided},
+    [SDPA__ADDR_PAGED] = {[SDPA_DTYPE_F32] = &g_f32_paged, [SDPA_DTYPE_F16] = &g_f16_paged,
+                          [SDPA_DTYPE_BF16] = &g_bf16_paged},
 };
 
 const sdpa__loader *sdpa__loader_for(const sdpa__view4 *v, sdpa__addressing addressing) {

@@ -38,6 +38,7 @@ typedef struct sdpa__rows {
 /* How a view's elements are addressed. */
 typedef enum sdpa__addressing {
     SDPA__ADDR_STRIDED = 0, /* shape and strides (sdpa_tensor) */
+    SDPA__ADDR_PAGED = 1,   /* block pool + block table (sdpa__view4's paged fields; 0.5) */
     SDPA__ADDR_COUNT
 } sdpa__addressing;
 

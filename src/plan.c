@@ -18,6 +18,7 @@ static int user_axis(int32_t rank, int d4) { return rank == 4 ? d4 : (d4 == 0 ? 
 
 static sdpa__view4 to_view4(const sdpa_tensor *t) {
     sdpa__view4 v;
+    memset(&v, 0, sizeof v);
     v.data = (float *)t->data;
     v.dtype = (int32_t)t->dtype;
     if (t->rank == 4) {
@@ -68,6 +69,67 @@ static sdpa_status check_lengths(const int64_t *len, int64_t B, int64_t max, con
     return SDPA_OK;
 }
 
+/* Paged K/V (0.5): k and v are block pools [num_blocks, Hkv, block_size, E / Ev]; the plan's
+ * views become the logical [B, Hkv, S = max_blocks_per_seq * block_size, E] with the pool's
+ * data and strides and the block table (internal.h). The table's entries are checked by
+ * paged_check_table once key_lengths are known to be in range. */
+static sdpa_status paged_make(sdpa__plan *p, const sdpa_tensor *k, const sdpa_tensor *v, const sdpa_options *o,
+                              int64_t nseq) {
+    sdpa_status st;
+    if (k->rank != 4)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: with options->block_table, key and value must be rank-4 block pools [num_blocks, Hkv, block_size, E] (key.rank=%d)",
+                          FN, (int)k->rank);
+    if ((st = expect_dim(v, "value", 0, p->k.shape[0], "key", 0, 4)) != SDPA_OK) return st;
+    if ((st = expect_dim(v, "value", 2, p->k.shape[2], "key", 2, 4)) != SDPA_OK) return st;
+    if (o->key_lengths == NULL && nseq > 0)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->block_table is set but key_lengths is NULL (a paged cache needs each sequence's key count)", FN);
+    const int64_t bs = p->k.shape[2];
+    if (bs < 1)
+        return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: block_size=key.shape[2]=0 (a paged pool needs slots)", FN);
+    if (o->max_blocks_per_seq < 1)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->max_blocks_per_seq=%lld must be >= 1 with a block table", FN,
+                          (long long)o->max_blocks_per_seq);
+    const int64_t ts = o->block_table_stride == 0 ? o->max_blocks_per_seq : o->block_table_stride;
+    if (ts < o->max_blocks_per_seq)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->block_table_stride=%lld is smaller than max_blocks_per_seq=%lld", FN,
+                          (long long)o->block_table_stride, (long long)o->max_blocks_per_seq);
+    int64_t S, span;
+    if (sdpa__mul_overflow(o->max_blocks_per_seq, bs, &S) || S > INT32_MAX ||
+        sdpa__mul_overflow(nseq > 0 ? nseq - 1 : 0, ts, &span) || sdpa__add_overflow(span, o->max_blocks_per_seq, &span) ||
+        sdpa__mul_overflow(span, (int64_t)sizeof(int32_t), &span))
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: max_blocks_per_seq=%lld x block_size=%lld (or the block table's extent) overflows", FN,
+                          (long long)o->max_blocks_per_seq, (long long)bs);
+    sdpa__view4 *views[2] = {&p->k, &p->v};
+    for (int t = 0; t < 2; ++t) {
+        sdpa__view4 *w = views[t];
+        w->block_size = bs;
+        w->block_table = o->block_table;
+        w->block_table_stride = ts;
+        w->key_lengths = o->key_lengths;
+        w->shape[0] = p->B;
+        w->shape[2] = S;
+    }
+    p->num_blocks = k->shape[0];
+    p->S = S;
+    return SDPA_OK;
+}
+
+/* Every block a key j < key_lengths[b] reaches is a pool block (before anything is written). */
+static sdpa_status paged_check_table(const sdpa__plan *p, const sdpa_options *o, int64_t nseq) {
+    const int64_t bs = p->k.block_size;
+    for (int64_t b = 0; b < nseq; ++b) {
+        const int64_t used = (o->key_lengths[b] + bs - 1) / bs;
+        const int32_t *row = o->block_table + b * p->k.block_table_stride;
+        for (int64_t c = 0; c < used; ++c)
+            if (row[c] < 0 || row[c] >= p->num_blocks)
+                return sdpa__fail(SDPA_ERR_INDEX,
+                                  "%s: options->block_table[%lld][%lld]=%d is outside [0, num_blocks=key.shape[0]=%lld) and sequence b=%lld reaches it (key_lengths[%lld]=%lld, block_size=%lld)",
+                                  FN, (long long)b, (long long)c, (int)row[c], (long long)p->num_blocks, (long long)b,
+                                  (long long)b, (long long)o->key_lengths[b], (long long)bs);
+    }
+    return SDPA_OK;
+}
+
 sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
                              const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
                              const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o) {
@@ -79,6 +141,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     if ((st = sdpa__check_tensor(q, FN, "query", 3, 4)) != SDPA_OK) return st;
     if ((st = sdpa__check_tensor(k, FN, "key", 3, 4)) != SDPA_OK) return st;
     if ((st = sdpa__check_tensor(v, FN, "value", 3, 4)) != SDPA_OK) return st;
+    if ((st = sdpa__options_read(FN, opt_in, o)) != SDPA_OK) return st;
     if (k->rank != q->rank || v->rank != q->rank)
         return sdpa__fail(SDPA_ERR_RANK, "%s: query.rank=%d, key.rank=%d, value.rank=%d must be equal", FN,
                           (int)q->rank, (int)k->rank, (int)v->rank);
@@ -94,10 +157,16 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     p->Hkv = p->k.shape[1];
     p->S = p->k.shape[2];
     p->Ev = p->v.shape[3];
-    if ((st = expect_dim(k, "key", 0, p->B, "query", 0, rank)) != SDPA_OK) return st;
-    if ((st = expect_dim(v, "value", 0, p->B, "query", 0, rank)) != SDPA_OK) return st;
+    const int64_t nseq = o->cu_seqlens_q != NULL ? o->num_seqs : p->B; /* rows of key_lengths, block_table */
+    if (o->cu_seqlens_q != NULL && (st = sdpa__varlen_check(FN, q, k, o, weights, &p->S)) != SDPA_OK) return st;
+    if (o->block_table != NULL) {
+        if ((st = paged_make(p, k, v, o, nseq)) != SDPA_OK) return st;
+    } else {
+        if ((st = expect_dim(k, "key", 0, p->B, "query", 0, rank)) != SDPA_OK) return st;
+        if ((st = expect_dim(v, "value", 0, p->B, "query", 0, rank)) != SDPA_OK) return st;
+        if ((st = expect_dim(v, "value", 2, p->S, "key", 2, rank)) != SDPA_OK) return st;
+    }
     if ((st = expect_dim(v, "value", 1, p->Hkv, "key", 1, rank)) != SDPA_OK) return st;
-    if ((st = expect_dim(v, "value", 2, p->S, "key", 2, rank)) != SDPA_OK) return st;
     if ((st = expect_dim(k, "key", 3, p->E, "query", 3, rank)) != SDPA_OK) return st;
     if (p->Hkv == 0 ? p->Hq != 0 : p->Hq % p->Hkv != 0)
         return sdpa__fail(SDPA_ERR_SHAPE,
@@ -110,8 +179,6 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     if (p->E == 0)
         return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: head width E=query.shape[%d]=0 (the default scale 1/sqrt(E) is undefined)",
                           FN, rank - 1);
-
-    if ((st = sdpa__options_read(FN, opt_in, o)) != SDPA_OK) return st;
 
     /* Outputs. */
     if (!for_size) {
@@ -147,14 +214,15 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
 
     if ((st = sdpa__options_check(FN, o)) != SDPA_OK) return st;
     if (o->alignment == SDPA_ALIGN_OFFSETS) {
-        if (o->query_offsets == NULL && p->B > 0)
+        if (o->query_offsets == NULL && nseq > 0)
             return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->alignment is SDPA_ALIGN_OFFSETS but query_offsets is NULL", FN);
-        for (int64_t b = 0; b < p->B; ++b)
+        for (int64_t b = 0; b < nseq; ++b)
             if (o->query_offsets[b] < -SDPA__MAX_OFFSET || o->query_offsets[b] > SDPA__MAX_OFFSET)
                 return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->query_offsets[%lld]=%lld is out of range", FN,
                                   (long long)b, (long long)o->query_offsets[b]);
     }
-    if ((st = check_lengths(o->key_lengths, p->B, p->S, "key_lengths", "S")) != SDPA_OK) return st;
+    if ((st = check_lengths(o->key_lengths, nseq, p->S, "key_lengths", "S")) != SDPA_OK) return st;
+    if (o->block_table != NULL && (st = paged_check_table(p, o, nseq)) != SDPA_OK) return st;
     if ((st = check_lengths(o->query_lengths, p->B, p->L, "query_lengths", "L")) != SDPA_OK) return st;
 
     const int64_t target[4] = {p->B, p->Hq, p->L, p->S};
@@ -181,37 +249,52 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
 
     /* Outputs must not overlap inputs or each other. */
     if (!for_size) {
-        sdpa__named_span in[10], outs[4];
+        sdpa__named_span in[14], outs[4];
         int nin = 0, nout = 0;
         in[nin].name = "query"; in[nin++].s = sdpa__tensor_span(q);
         in[nin].name = "key"; in[nin++].s = sdpa__tensor_span(k);
         in[nin].name = "value"; in[nin++].s = sdpa__tensor_span(v);
         if (o->bias) { in[nin].name = "bias"; in[nin++].s = sdpa__tensor_span(o->bias); }
         if (o->allow_mask) { in[nin].name = "allow_mask"; in[nin++].s = sdpa__mask_span(o->allow_mask); }
-        if (o->key_lengths && p->B > 0) {
+        if (o->key_lengths && nseq > 0) {
             in[nin].name = "key_lengths";
             in[nin].s.lo = (uintptr_t)o->key_lengths;
-            in[nin++].s.hi = (uintptr_t)(o->key_lengths + p->B);
+            in[nin++].s.hi = (uintptr_t)(o->key_lengths + nseq);
+        }
+        if (o->block_table && nseq > 0) {
+            in[nin].name = "block_table";
+            in[nin].s.lo = (uintptr_t)o->block_table;
+            in[nin++].s.hi = (uintptr_t)(o->block_table + (nseq - 1) * p->k.block_table_stride + o->max_blocks_per_seq);
+        }
+        if (o->cu_seqlens_q) {
+            in[nin].name = "cu_seqlens_q";
+            in[nin].s.lo = (uintptr_t)o->cu_seqlens_q;
+            in[nin++].s.hi = (uintptr_t)(o->cu_seqlens_q + nseq + 1);
+            if (o->cu_seqlens_k) {
+                in[nin].name = "cu_seqlens_k";
+                in[nin].s.lo = (uintptr_t)o->cu_seqlens_k;
+                in[nin++].s.hi = (uintptr_t)(o->cu_seqlens_k + nseq + 1);
+            }
         }
         if (o->query_lengths && p->B > 0) {
             in[nin].name = "query_lengths";
             in[nin].s.lo = (uintptr_t)o->query_lengths;
             in[nin++].s.hi = (uintptr_t)(o->query_lengths + p->B);
         }
-        if (o->alignment == SDPA_ALIGN_OFFSETS && p->B > 0) {
+        if (o->alignment == SDPA_ALIGN_OFFSETS && nseq > 0) {
             in[nin].name = "query_offsets";
             in[nin].s.lo = (uintptr_t)o->query_offsets;
-            in[nin++].s.hi = (uintptr_t)(o->query_offsets + p->B);
+            in[nin++].s.hi = (uintptr_t)(o->query_offsets + nseq);
         }
         if (o->sinks && p->Hq > 0) {
             in[nin].name = "sinks";
             in[nin].s.lo = (uintptr_t)o->sinks;
             in[nin++].s.hi = (uintptr_t)(o->sinks + p->Hq);
         }
-        if (o->alibi_slopes && p->Hq > 0 && p->B > 0) {
+        if (o->alibi_slopes && p->Hq > 0 && nseq > 0) {
             in[nin].name = "alibi_slopes";
             in[nin].s.lo = (uintptr_t)o->alibi_slopes;
-            in[nin++].s.hi = (uintptr_t)(o->alibi_slopes + (o->alibi_slopes_rank == 2 ? p->B * p->Hq : p->Hq));
+            in[nin++].s.hi = (uintptr_t)(o->alibi_slopes + (o->alibi_slopes_rank == 2 ? nseq * p->Hq : p->Hq));
         }
         outs[nout].name = "out"; outs[nout++].s = sdpa__tensor_span(out);
         if (weights) { outs[nout].name = "weights"; outs[nout++].s = sdpa__tensor_span(weights); }
@@ -225,8 +308,9 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     }
 
     p->load_q = sdpa__loader_for(&p->q, SDPA__ADDR_STRIDED);
-    p->load_k = sdpa__loader_for(&p->k, SDPA__ADDR_STRIDED);
-    p->load_v = sdpa__loader_for(&p->v, SDPA__ADDR_STRIDED);
+    const sdpa__addressing kv_addr = o->block_table != NULL ? SDPA__ADDR_PAGED : SDPA__ADDR_STRIDED;
+    p->load_k = sdpa__loader_for(&p->k, kv_addr);
+    p->load_v = sdpa__loader_for(&p->v, kv_addr);
     if (p->load_q == NULL || p->load_k == NULL || p->load_v == NULL)
         return sdpa__fail(SDPA_ERR_DTYPE, "%s: no loader reads query/key/value of these dtypes", FN);
     p->scale = o->scale > 0.0f ? o->scale : (float)(1.0 / sqrt((double)p->E));
@@ -258,7 +342,8 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
                                   (long long)h, (double)o->sinks[h]);
     p->sinks = o->sinks;
     if (o->alibi_slopes != NULL) {
-        const int64_t n = o->alibi_slopes_rank == 2 ? p->B * p->Hq : p->Hq;
+        /* [B, Hq], or [num_seqs, Hq] for a packed batch (rows per sequence, like key_lengths). */
+        const int64_t n = o->alibi_slopes_rank == 2 ? nseq * p->Hq : p->Hq;
         for (int64_t t = 0; t < n; ++t)
             if (!isfinite(o->alibi_slopes[t]))
                 return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: options->alibi_slopes[%lld]=%g is not finite", FN,

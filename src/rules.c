@@ -152,3 +152,18 @@ void sdpa__rule_group_keys(const sdpa__rules *r, int64_t b, int64_t h0, int64_t 
                 used[j] = used[j] || sdpa__rule_allows(r, b, h, i, j, lo, hi);
         }
 }
+
+sdpa__rules sdpa__rule_for_sequence(const sdpa__rules *r, int64_t seq, int64_t L_r, int64_t S_r) {
+    sdpa__rules q = *r;
+    q.L = L_r;
+    q.S = S_r;
+    q.alignment = r->alignment == SDPA_ALIGN_OFFSETS ? SDPA_ALIGN_OFFSETS : SDPA_ALIGN_BOTTOM_RIGHT;
+    q.key_lengths = r->key_lengths ? r->key_lengths + seq : NULL;
+    q.query_offsets = r->alignment == SDPA_ALIGN_OFFSETS ? r->query_offsets + seq : NULL;
+    q.query_lengths = NULL;
+    if (q.alibi_slopes != NULL) /* [num_seqs, Hq] slopes: row seq (stride 0 for [Hq]) */
+        q.alibi_slopes += seq * q.alibi_stride_b;
+    q.has_mask = false;
+    q.has_bias = false;
+    return q;
+}

@@ -53,6 +53,14 @@ void sdpa__rule_band(int64_t pos, int64_t left, int64_t right, int64_t n, int64_
  * means no key. Padding rows (sdpa__rule_is_padding) are not special-cased here. */
 void sdpa__rule_range(const sdpa__rules *r, int64_t b, int64_t i, int64_t *lo, int64_t *hi);
 
+/* Packed variable-length batches (0.5, cu_seqlens_q): the rules of sequence `seq` alone, as
+ * one B = 1 call over its L_r queries and S_r keys would have them: key_lengths and
+ * query_offsets indexed by seq, and the aligned position bottom-right per sequence
+ * (p = i + S_r - L_r, FlashAttention varlen) unless the alignment is OFFSETS (p = i +
+ * query_offsets[seq]); TOP_LEFT means bottom-right here. A packed call takes no allow-mask,
+ * bias or query_lengths. */
+sdpa__rules sdpa__rule_for_sequence(const sdpa__rules *r, int64_t seq, int64_t L_r, int64_t S_r);
+
 /* Rows i >= query_lengths[b] are padding: out and weights zero, lse -inf, never checked. */
 static inline bool sdpa__rule_is_padding(const sdpa__rules *r, int64_t b, int64_t i) {
     return r->query_lengths != NULL && i >= r->query_lengths[b];

@@ -393,6 +393,7 @@ _Static_assert(offsetof(sdpa_options, precision) == offsetof(sdpa_options, reser
                "sdpa_options 0.4 fields follow reserved0");
 _Static_assert(offsetof(sdpa_options, sinks) == offsetof(sdpa_options, reserved1) + 4,
                "sdpa_options 0.5 fields follow reserved1");
-_Static_assert(sizeof(sdpa_options) == offsetof(sdpa_options, threadpool) + sizeof(void *),
-               "sdpa_options ends with threadpool");
+_Static_assert(offsetof(sdpa_options, block_table) == offsetof(sdpa_options, threadpool) + sizeof(void *),
+               "sdpa_options 0.5 paged/packed fields follow threadpool");
+_Static_assert(sizeof(sdpa_options) == offsetof(sdpa_options, num_seqs) + 8, "sdpa_options ends with num_seqs");
 #endif
