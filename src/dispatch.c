@@ -22,19 +22,19 @@ static sdpa__isa g_cpu_isa = SDPA__ISA_PORTABLE;     /* best the CPU (and the bu
 static sdpa__isa g_process_isa = SDPA__ISA_PORTABLE; /* g_cpu_isa capped by SDPA_MAX_ISA */
 static atomic_int g_test_cap = -1;                   /* sdpa__dispatch_set_max_isa_for_testing */
 
+/* The best level of the micro-kernel tables this build has and the CPU runs (cpu.h's one
+ * CPUID/XGETBV read: AVX2 needs AVX2 + FMA + F16C, AVX512 also AVX-512 F/BW/VL). */
 static sdpa__isa cpu_isa(void) {
-#if defined(SDPA_HAVE_AVX2) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-        return SDPA__ISA_PORTABLE;
+    sdpa__isa best = SDPA__ISA_PORTABLE;
+#if defined(SDPA_HAVE_AVX2)
+    if (sdpa__cpu_has_isa(SDPA__ISA_AVX2))
+        best = SDPA__ISA_AVX2;
 #if defined(SDPA_HAVE_AVX512)
-    if (__builtin_cpu_supports("avx512f"))
-        return SDPA__ISA_AVX512;
+    if (sdpa__cpu_has_isa(SDPA__ISA_AVX512))
+        best = SDPA__ISA_AVX512;
 #endif
-    return SDPA__ISA_AVX2;
-#else
-    return SDPA__ISA_PORTABLE;
 #endif
+    return best;
 }
 
 static void detect(void) {

@@ -7,14 +7,11 @@
 #ifndef SDPA_DISPATCH_H
 #define SDPA_DISPATCH_H
 
+#include "cpu.h"
 #include "microkernel.h"
 
-typedef enum sdpa__isa {
-    SDPA__ISA_PORTABLE = 0,
-    SDPA__ISA_AVX2 = 1,   /* AVX2 + FMA */
-    SDPA__ISA_AVX512 = 2, /* AVX-512F (+ AVX2 + FMA) */
-    SDPA__ISA_COUNT
-} sdpa__isa;
+/* ISA levels: SDPA__ISA_PORTABLE, _AVX2, _AVX512 (cpu.h, whose one CPUID read decides them). */
+typedef int sdpa__isa;
 
 /* Micro-kernel dtypes: the dtype of the tiles the loaders hand to the micro-kernels (only f32
  * today; a bf16 tile column comes with AVX512-BF16 / AMX). */

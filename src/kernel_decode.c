@@ -140,7 +140,6 @@ typedef struct dctx {
     float qscale;
 } dctx;
 
-static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
 
 static int64_t slot_of(const sdpa__plan *p, const dplan *d, int64_t b, int64_t h, int64_t i, int64_t ck) {
     return ((b * p->Hq + h) * p->L + i) * d->nchunks + ck;
@@ -248,14 +247,14 @@ static void decode_task(void *vctx, int64_t task, int tid) {
                 mk->softcap(sr, n, p->softcap);
             if (mode[r] == MODE_PART) {
                 const uint8_t *al = allowed + r * BN;
-                const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, hrow[r], irow[r]) : NULL;
+                const void *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, hrow[r], irow[r]) : NULL;
                 for (int64_t t = 0; t < n; ++t) {
                     if (!al[t]) {
                         sr[t] = -INFINITY;
                         continue;
                     }
                     if (brow != NULL)
-                        sr[t] += brow[(ta + t) * p->rules.bias.strides[3]];
+                        sr[t] += sdpa__rule_bias_at(&p->rules, brow, ta + t);
                     if (!isfinite(sr[t]))
                         bad[r] = -1;
                 }
@@ -356,7 +355,7 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
     for (int64_t b = 0; b < p->B; ++b)
         for (int64_t h = 0; h < p->Hq; ++h)
             for (int64_t i = 0; i < p->L; ++i) {
-                float *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
+                void *orow = sdpa__out_row(p, b, h, i);
                 float *lrow = p->has_lse ? p->lse + b * p->lse_strides[0] + h * p->lse_strides[1] +
                                                i * p->lse_strides[2]
                                          : NULL;
@@ -373,8 +372,7 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
                     continue;
                 }
                 if (M == -INFINITY) { /* padding, or no allowed key */
-                    for (int64_t e = 0; e < Ev; ++e)
-                        orow[e * p->out.strides[3]] = 0.0f;
+                    sdpa__out_zero_row(p, orow);
                     if (lrow)
                         *lrow = -INFINITY;
                     continue;
@@ -393,7 +391,7 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
                             x += (double)po[(s0 + k) * Ev + e] * w[k];
                     const float y = (float)(x * inv);
                     fin = isfinite(x) && isfinite(y);
-                    orow[e * p->out.strides[3]] = y;
+                    sdpa__out_put(p, orow, e, y);
                 }
                 if (!fin) {
                     sdpa__fallback_row_double(p, &c.drop, b, h, i, acc, orow, NULL, lrow);
@@ -402,7 +400,7 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
                 if (lrow)
                     *lrow = (float)(M + log(lt));
             }
-    sdpa__set_kernel(nc > 1 ? mk->decode_split_name : mk->decode_name);
+    sdpa__set_kernel_path(nc > 1 ? mk->decode_split_name : mk->decode_name, sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 

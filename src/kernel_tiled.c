@@ -101,11 +101,8 @@ typedef struct tctx {
     float qscale;
 } tctx;
 
-static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
-
-static void write_zero_row(const sdpa__plan *p, float *orow, float *lrow) {
-    for (int64_t d = 0; d < p->Ev; ++d)
-        orow[d * p->out.strides[3]] = 0.0f;
+static void write_zero_row(const sdpa__plan *p, void *orow, float *lrow) {
+    sdpa__out_zero_row(p, orow);
     if (lrow)
         *lrow = -INFINITY;
 }
@@ -125,13 +122,12 @@ static bool apply_rules(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, i
         const int64_t i = i0 + r;
         uint8_t ok[BN];
         sdpa__rule_row_flags(&p->rules, b, h, i, lo[r], hi[r], ta, n, ok);
-        const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
-        const int64_t bs3 = p->rules.bias.strides[3];
+        const void *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
         for (int64_t t = 0; t < n; ++t) {
             float *x = &st[t * nl + r];
             if (ok[t]) {
                 if (brow != NULL)
-                    *x += brow[(ta + t) * bs3];
+                    *x += sdpa__rule_bias_at(&p->rules, brow, ta + t);
                 used[t] = 1;
                 if (!isfinite(*x))
                     bad[r] = -1;
@@ -359,14 +355,14 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     /* Rows of out contiguous along Ev: write all rows with a SIMD transpose; the rows that need
      * other values (zeros, the double fallback) are overwritten below. */
     const int64_t os3 = p->out.strides[3];
-    const bool bulk = any_valid && os3 == 1 && Ev > 0;
+    const bool bulk = any_valid && os3 == 1 && Ev > 0 && p->out.dtype == SDPA_DTYPE_F32;
     if (bulk)
         mk->unpack_lanes(ot, nl, rows, Ev,
                          p->out.data + b * p->out.strides[0] + h * p->out.strides[1] + i0 * p->out.strides[2],
                          (ptrdiff_t)p->out.strides[2]);
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
-        float *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
+        void *orow = sdpa__out_row(p, b, h, i);
         float *lrow = p->has_lse ? p->lse + b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]
                                  : NULL;
         if (state[r] != LANE_VALID) { /* padding, or no key in the row's range */
@@ -387,7 +383,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
         }
         if (!bulk)
             for (int64_t d = 0; d < Ev; ++d)
-                orow[d * os3] = ot[d * nl + r];
+                sdpa__out_put(p, orow, d, ot[d * nl + r]);
         if (lrow)
             *lrow = (float)((double)m[r] + log(l[r]));
     }
@@ -408,7 +404,7 @@ static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t 
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
     c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
     sdpa__parallel_for(threads, num_tasks(p), tiled_task, &c);
-    sdpa__set_kernel(mk->tiled_name);
+    sdpa__set_kernel_path(mk->tiled_name, sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 

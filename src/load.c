@@ -1,6 +1,7 @@
 /* Loaders (load.h): storage (dtype x addressing) -> float32 rows for the kernels. */
 #include "load.h"
 #include "microkernel.h"
+#include "convert.h"
 
 #include <string.h>
 
@@ -33,9 +34,36 @@ static bool f32_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int
 
 static const sdpa__loader g_f32_strided = {"f32-strided", f32_strided_rows, f32_strided_row_finite};
 
+/* f16 and bf16 (2-byte encodings): always widened into the tile, exactly, through the plan's
+ * conversion table (convert.h; the same bits on every ISA). */
+static const uint16_t *u16_row(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r) {
+    return (const uint16_t *)(const void *)v->data + b * v->strides[0] + h * v->strides[1] + r * v->strides[2];
+}
+
+static const sdpa__convert *table_of(const sdpa__view4 *v) { return v->cv != NULL ? v->cv : &sdpa__convert_portable; }
+
+static sdpa__rows u16_strided_rows(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1, float *tile) {
+    const int64_t n = v->shape[3];
+    sdpa__widen_rows(table_of(v), v->dtype, u16_row(v, b, h, r0), (ptrdiff_t)v->strides[2], (ptrdiff_t)v->strides[3],
+                     r1 - r0, n, tile, n);
+    sdpa__rows out;
+    out.data = tile;
+    out.stride = (ptrdiff_t)n;
+    return out;
+}
+
+static bool u16_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int64_t b, int64_t h, int64_t r) {
+    (void)mk;
+    return sdpa__finite_rows(table_of(v), v->dtype, u16_row(v, b, h, r), 0, (ptrdiff_t)v->strides[3], 1, v->shape[3]);
+}
+
+static const sdpa__loader g_f16_strided = {"f16-strided", u16_strided_rows, u16_strided_row_finite};
+static const sdpa__loader g_bf16_strided = {"bf16-strided", u16_strided_rows, u16_strided_row_finite};
+
 /* [addressing][sdpa_dtype]; NULL = not supported (rejected by validation before a plan). */
 static const sdpa__loader *const g_loaders[SDPA__ADDR_COUNT][3] = {
-    [SDPA__ADDR_STRIDED] = {[SDPA_DTYPE_F32] = &g_f32_strided},
+    [SDPA__ADDR_STRIDED] = {[SDPA_DTYPE_F32] = &g_f32_strided, [SDPA_DTYPE_F16] = &g_f16_strided,
+                            [SDPA_DTYPE_BF16] = &g_bf16_strided},
 };
 
 const sdpa__loader *sdpa__loader_for(const sdpa__view4 *v, sdpa__addressing addressing) {
