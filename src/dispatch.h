@@ -26,6 +26,17 @@ sdpa__isa sdpa__dispatch_isa(void);
  * table at or below it; never NULL for SDPA__MK_F32). */
 const sdpa__mk *sdpa__dispatch_mk(sdpa__mk_dtype dtype);
 
+/* The bf16-tile column (SDPA_PRECISION_REDUCED with bf16 q and k): VDPBF16PS products on raw
+ * bf16 rows (microkernel_bf16.h), float32 results. */
+typedef struct sdpa__mk_bf16 {
+    const char *tiled_name, *decode_name, *decode_split_name; /* "tiled-avx512bf16", ... */
+    /* s[t] = sum_{e < ne} q[e] * k[t * ks + e] for t < n (bf16 subnormals read as 0). */
+    void (*dot_rows)(const uint16_t *q, int64_t ne, const uint16_t *k, ptrdiff_t ks, int64_t n, float *s);
+} sdpa__mk_bf16;
+/* The bf16 column at the ISA in effect, or NULL where the build, the CPU (AVX512-BF16) or the
+ * ISA cap does not allow it. */
+const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16(void);
+
 /* Test hook (never exported): cap the ISA for the following calls of every thread, as
  * SDPA_MAX_ISA would for a new process (still limited by the CPU); isa < 0 returns to the
  * process's choice. Tests that run every ISA in one process use it instead of setenv. */

@@ -145,6 +145,7 @@ typedef struct sdpa__plan {
     float dropout_p;                        /* 0 = no dropout */
     uint64_t dropout_seed, dropout_offset;
     int64_t row_block;                      /* query rows per tile */
+    int precision;                          /* sdpa_precision (DEFAULT resolved to F32) */
 } sdpa__plan;
 
 /* ---- plan.c: validated shapes, views and rules; no kernel knowledge ---- */

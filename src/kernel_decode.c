@@ -133,6 +133,7 @@ static size_t decode_workspace_bytes(const sdpa__plan *p, int threads) {
 typedef struct dctx {
     const sdpa__plan *p;
     const sdpa__mk *mk;
+    const sdpa__mk_bf16 *mk16; /* REDUCED with bf16 q and k: scores by bf16 dot products; else NULL */
     sdpa__dropout drop;
     dplan d;
     layout lay;
@@ -196,6 +197,11 @@ static void decode_task(void *vctx, int64_t task, int tid) {
     for (int64_t r = 0; r < R; ++r) { /* q rows through the loader (kp is free until the first K tile) */
         if (state[r] != ROW_VALID)
             continue;
+        if (c->mk16 != NULL) { /* raw bf16 q rows; the scale is applied to the scores */
+            const sdpa__rows16 q16 = p->load_q->rows_bf16(&p->q, b, hrow[r], irow[r], irow[r] + 1, (uint16_t *)kp);
+            memcpy((uint16_t *)qp + r * E, q16.data, (size_t)E * sizeof(uint16_t));
+            continue;
+        }
         const sdpa__rows qr = p->load_q->rows(&p->q, b, hrow[r], irow[r], irow[r] + 1, kp);
         for (int64_t e = 0; e < E; ++e)
             qp[r * E + e] = qr.data[e] * c->qscale;
@@ -234,7 +240,12 @@ static void decode_task(void *vctx, int64_t task, int tid) {
             memset(used, 1, (size_t)n);
 
         /* K tile from the loader (in place when float32 rows are contiguous along E). */
-        const sdpa__rows kr = p->load_k->rows(&p->k, b, g, ta, tc, kp);
+        sdpa__rows kr = {NULL, 0};
+        sdpa__rows16 kr16 = {NULL, 0};
+        if (c->mk16 != NULL)
+            kr16 = p->load_k->rows_bf16(&p->k, b, g, ta, tc, (uint16_t *)kp);
+        else
+            kr = p->load_k->rows(&p->k, b, g, ta, tc, kp);
         const float *kt = kr.data;
         const ptrdiff_t kstride = kr.stride;
 
@@ -242,7 +253,13 @@ static void decode_task(void *vctx, int64_t task, int tid) {
             if (mode[r] == MODE_NONE)
                 continue;
             float *sr = s + r * BN;
-            mk->dot_rows(qp + r * E, E, kt, kstride, n, sr);
+            if (c->mk16 != NULL) {
+                c->mk16->dot_rows((const uint16_t *)qp + r * E, E, kr16.data, kr16.stride, n, sr);
+                for (int64_t t = 0; t < n; ++t)
+                    sr[t] *= c->qscale;
+            } else {
+                mk->dot_rows(qp + r * E, E, kt, kstride, n, sr);
+            }
             if (p->softcap > 0.0f)
                 mk->softcap(sr, n, p->softcap);
             if (mode[r] == MODE_PART) {
@@ -321,6 +338,9 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
     dctx c;
     c.p = p;
     c.mk = mk;
+    c.mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16
+                 ? sdpa__dispatch_mk_bf16()
+                 : NULL;
     c.d = decode_plan(p);
     c.lay = make_layout(p, &c.d);
     if (threads < 1)
@@ -400,7 +420,10 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
                 if (lrow)
                     *lrow = (float)(M + log(lt));
             }
-    sdpa__set_kernel_path(nc > 1 ? mk->decode_split_name : mk->decode_name, sdpa__dtype_tag(p));
+    if (c.mk16 != NULL)
+        sdpa__set_kernel_path(nc > 1 ? c.mk16->decode_split_name : c.mk16->decode_name, sdpa__dtype_tag(p));
+    else
+        sdpa__set_kernel_path(nc > 1 ? mk->decode_split_name : mk->decode_name, sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 

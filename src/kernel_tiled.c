@@ -95,11 +95,30 @@ static size_t tiled_workspace_bytes(const sdpa__plan *p, int threads) {
 typedef struct tctx {
     const sdpa__plan *p;
     const sdpa__mk *mk;
+    const sdpa__mk_bf16 *mk16; /* REDUCED with bf16 q and k: scores by bf16 dot products; else NULL */
     sdpa__dropout drop;
     layout lay;
     unsigned char *ws;
     float qscale;
 } tctx;
+
+/* SDPA_PRECISION_REDUCED with bf16 q and k: sc[t * ld + l] = qscale * <q_(l0 + l), k_t> by bf16
+ * dot products, for t < nk, l < w; lanes that are not valid get 0 (as their zero Q lanes do). */
+static void bf16_scores(const tctx *c, sdpa__rows16 q16, sdpa__rows16 k16, int64_t E, int64_t nk, int64_t l0,
+                        int64_t w, int64_t rows, const uint8_t *state, float *sc, int64_t ld) {
+    float tmp[SDPA__TILE_K];
+    for (int64_t l = 0; l < w; ++l) {
+        const int64_t r = l0 + l;
+        if (r >= rows || state[r] != LANE_VALID) {
+            for (int64_t t = 0; t < nk; ++t)
+                sc[t * ld + l] = 0.0f;
+            continue;
+        }
+        c->mk16->dot_rows(q16.data + r * q16.stride, E, k16.data, k16.stride, nk, tmp);
+        for (int64_t t = 0; t < nk; ++t)
+            sc[t * ld + l] = tmp[t] * c->qscale;
+    }
+}
 
 static void write_zero_row(const sdpa__plan *p, void *orow, float *lrow) {
     sdpa__out_zero_row(p, orow);
@@ -193,6 +212,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
 
     int64_t jmin = p->S, jmax = 0;
     bool any_valid = false;
+    sdpa__rows16 q16 = {NULL, 0};
     const float *beta = alpha; /* NULL until the item's first P.V */
     for (int64_t r = 0; r < nl; ++r) {
         lo[r] = hi[r] = 0;
@@ -225,7 +245,9 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             l[r] = 0.0;
             bad[r] = 0;
         }
-        { /* float32 rows from the loader: SIMD transpose, then clear the idle lanes */
+        if (c->mk16 != NULL) { /* raw bf16 q rows for bf16_scores (qtile is theirs for this item) */
+            q16 = p->load_q->rows_bf16(&p->q, b, h, i0, i0 + rows, (uint16_t *)qtile);
+        } else { /* float32 rows from the loader: SIMD transpose, then clear the idle lanes */
             const sdpa__rows qr = p->load_q->rows(&p->q, b, h, i0, i0 + rows, qtile);
             mk->pack_lanes(qr.data, qr.stride, rows, E, c->qscale, qt, nl);
             for (int64_t r = 0; r < nl; ++r)
@@ -245,7 +267,12 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
              * the keys its rows can reach, [s0, e0); the rest of its column is P = 0. A causal
              * diagonal tile then costs about 5/8 (16-row chunks) or 3/4 (32) of a full one. */
             const bool ranged = tcl == SDPA__TILE_PARTIAL_RANGE;
-            const sdpa__rows kr = p->load_k->rows(&p->k, b, g, ta, tc, ktile);
+            sdpa__rows kr = {NULL, 0};
+            sdpa__rows16 kr16 = {NULL, 0};
+            if (c->mk16 != NULL)
+                kr16 = p->load_k->rows_bf16(&p->k, b, g, ta, tc, (uint16_t *)ktile);
+            else
+                kr = p->load_k->rows(&p->k, b, g, ta, tc, ktile);
             bool all_used = true;
             if (ranged) {
                 all_used = range_used(nl, state, lo, hi, ta, n, cnt, used);
@@ -271,8 +298,14 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                                 st[t * nl + r] = 0.0f;
                     float *sc = st + (s0 - ta) * nl + l0;
                     if (s0 < e0) {
-                        mk->lanes_gemm(e0 - s0, E, kr.data + (s0 - ta) * kr.stride, kr.stride, 1, qt + l0, sc,
-                                       NULL, w, nl);
+                        if (c->mk16 != NULL) {
+                            sdpa__rows16 k0 = kr16;
+                            k0.data += (s0 - ta) * kr16.stride;
+                            bf16_scores(c, q16, k0, E, e0 - s0, l0, w, rows, state, sc, nl);
+                        } else {
+                            mk->lanes_gemm(e0 - s0, E, kr.data + (s0 - ta) * kr.stride, kr.stride, 1, qt + l0, sc,
+                                           NULL, w, nl);
+                        }
                         if (p->softcap > 0.0f)
                             for (int64_t t = 0; t < e0 - s0; ++t)
                                 mk->softcap(sc + t * nl, w, p->softcap);
@@ -281,7 +314,10 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                     mk->lanes_softmax(sc, e0 - s0, w, nl, m + l0, alpha + l0, tsum + l0, NULL);
                 }
             } else {
-                mk->lanes_gemm(n, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
+                if (c->mk16 != NULL)
+                    bf16_scores(c, q16, kr16, E, n, 0, nl, rows, state, st, nl);
+                else
+                    mk->lanes_gemm(n, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
                 if (p->softcap > 0.0f)
                     mk->softcap(st, n * nl, p->softcap);
                 int32_t *check = bad;
@@ -394,6 +430,9 @@ static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t 
     tctx c;
     c.p = p;
     c.mk = mk;
+    c.mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16
+                 ? sdpa__dispatch_mk_bf16()
+                 : NULL;
     c.lay = make_layout(p);
     c.ws = (unsigned char *)ws;
     if (threads < 1)
@@ -404,7 +443,7 @@ static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t 
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
     c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
     sdpa__parallel_for(threads, num_tasks(p), tiled_task, &c);
-    sdpa__set_kernel_path(mk->tiled_name, sdpa__dtype_tag(p));
+    sdpa__set_kernel_path(c.mk16 != NULL ? c.mk16->tiled_name : mk->tiled_name, sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 

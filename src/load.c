@@ -32,7 +32,7 @@ static bool f32_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int
     return sdpa__finite_strided(mk, f32_row(v, b, h, r), v->shape[3], v->strides[3]);
 }
 
-static const sdpa__loader g_f32_strided = {"f32-strided", f32_strided_rows, f32_strided_row_finite};
+static const sdpa__loader g_f32_strided = {"f32-strided", f32_strided_rows, f32_strided_row_finite, NULL};
 
 /* f16 and bf16 (2-byte encodings): always widened into the tile, exactly, through the plan's
  * conversion table (convert.h; the same bits on every ISA). */
@@ -57,8 +57,28 @@ static bool u16_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int
     return sdpa__finite_rows(table_of(v), v->dtype, u16_row(v, b, h, r), 0, (ptrdiff_t)v->strides[3], 1, v->shape[3]);
 }
 
-static const sdpa__loader g_f16_strided = {"f16-strided", u16_strided_rows, u16_strided_row_finite};
-static const sdpa__loader g_bf16_strided = {"bf16-strided", u16_strided_rows, u16_strided_row_finite};
+static sdpa__rows16 bf16_strided_rows_bf16(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1,
+                                           uint16_t *tile) {
+    const int64_t n = v->shape[3], s3 = v->strides[3], s2 = v->strides[2];
+    sdpa__rows16 out;
+    if ((s3 == 1 || n <= 1) && (s2 >= n || r1 - r0 <= 1)) { /* in place */
+        out.data = u16_row(v, b, h, r0);
+        out.stride = (ptrdiff_t)(r1 - r0 <= 1 ? n : s2);
+        return out;
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+        const uint16_t *src = u16_row(v, b, h, r);
+        for (int64_t e = 0; e < n; ++e)
+            tile[(r - r0) * n + e] = src[e * s3];
+    }
+    out.data = tile;
+    out.stride = (ptrdiff_t)n;
+    return out;
+}
+
+static const sdpa__loader g_f16_strided = {"f16-strided", u16_strided_rows, u16_strided_row_finite, NULL};
+static const sdpa__loader g_bf16_strided = {"bf16-strided", u16_strided_rows, u16_strided_row_finite,
+                                            bf16_strided_rows_bf16};
 
 /* [addressing][sdpa_dtype]; NULL = not supported (rejected by validation before a plan). */
 static const sdpa__loader *const g_loaders[SDPA__ADDR_COUNT][3] = {

@@ -256,6 +256,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     p->dropout_p = o->dropout_p;
     p->dropout_seed = o->dropout_seed;
     p->dropout_offset = o->dropout_offset;
+    p->precision = o->precision == SDPA_PRECISION_REDUCED ? SDPA_PRECISION_REDUCED : SDPA_PRECISION_F32;
     p->row_block = p->L < 64 ? (p->L > 0 ? p->L : 1) : 64;
     return SDPA_OK;
 }
