@@ -32,6 +32,9 @@ typedef struct sdpa__mk_bf16 {
     const char *tiled_name, *decode_name, *decode_split_name; /* "tiled-avx512bf16", ... */
     /* s[t] = sum_{e < ne} q[e] * k[t * ks + e] for t < n (bf16 subnormals read as 0). */
     void (*dot_rows)(const uint16_t *q, int64_t ne, const uint16_t *k, ptrdiff_t ks, int64_t n, float *s);
+    /* Lanes-layout scores (tiled kernel): see sdpa__bf16_lanes_scores_avx512bf16. */
+    void (*lanes_scores)(const uint32_t *qp, int64_t ldq, int64_t ne, int64_t w, const uint16_t *k, ptrdiff_t ks,
+                         int64_t nk, float scale, float *st, int64_t ld);
 } sdpa__mk_bf16;
 /* The bf16 column at the ISA in effect, or NULL where the build, the CPU (AVX512-BF16) or the
  * ISA cap does not allow it. */

@@ -102,22 +102,20 @@ typedef struct tctx {
     float qscale;
 } tctx;
 
-/* SDPA_PRECISION_REDUCED with bf16 q and k: sc[t * ld + l] = qscale * <q_(l0 + l), k_t> by bf16
- * dot products, for t < nk, l < w; lanes that are not valid get 0 (as their zero Q lanes do). */
-static void bf16_scores(const tctx *c, sdpa__rows16 q16, sdpa__rows16 k16, int64_t E, int64_t nk, int64_t l0,
-                        int64_t w, int64_t rows, const uint8_t *state, float *sc, int64_t ld) {
-    float tmp[SDPA__TILE_K];
-    for (int64_t l = 0; l < w; ++l) {
-        const int64_t r = l0 + l;
-        if (r >= rows || state[r] != LANE_VALID) {
-            for (int64_t t = 0; t < nk; ++t)
-                sc[t * ld + l] = 0.0f;
-            continue;
+/* SDPA_PRECISION_REDUCED with bf16 q and k: Q rows (raw bf16) packed in pairs for the lanes
+ * scores, qp[pi * nl + l] = q_l[2 pi] | q_l[2 pi + 1] << 16; lanes that read nothing get zeros
+ * (as their zero Q lanes do on the float32 path). */
+static void bf16_pack_pairs(sdpa__rows16 q16, int64_t E, int64_t rows, int64_t nl, const uint8_t *state,
+                            uint32_t *qp) {
+    for (int64_t pi = 0; pi < (E + 1) / 2; ++pi)
+        for (int64_t l = 0; l < nl; ++l) {
+            uint32_t x = 0;
+            if (l < rows && state[l] == LANE_VALID) {
+                const uint16_t *q = q16.data + l * q16.stride;
+                x = (uint32_t)q[2 * pi] | (2 * pi + 1 < E ? (uint32_t)q[2 * pi + 1] << 16 : 0u);
+            }
+            qp[pi * nl + l] = x;
         }
-        c->mk16->dot_rows(q16.data + r * q16.stride, E, k16.data, k16.stride, nk, tmp);
-        for (int64_t t = 0; t < nk; ++t)
-            sc[t * ld + l] = tmp[t] * c->qscale;
-    }
 }
 
 static void write_zero_row(const sdpa__plan *p, void *orow, float *lrow) {
@@ -212,7 +210,6 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
 
     int64_t jmin = p->S, jmax = 0;
     bool any_valid = false;
-    sdpa__rows16 q16 = {NULL, 0};
     const float *beta = alpha; /* NULL until the item's first P.V */
     for (int64_t r = 0; r < nl; ++r) {
         lo[r] = hi[r] = 0;
@@ -245,8 +242,9 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             l[r] = 0.0;
             bad[r] = 0;
         }
-        if (c->mk16 != NULL) { /* raw bf16 q rows for bf16_scores (qtile is theirs for this item) */
-            q16 = p->load_q->rows_bf16(&p->q, b, h, i0, i0 + rows, (uint16_t *)qtile);
+        if (c->mk16 != NULL) { /* raw bf16 q rows, packed in pairs into Qt's space */
+            const sdpa__rows16 q16 = p->load_q->rows_bf16(&p->q, b, h, i0, i0 + rows, (uint16_t *)qtile);
+            bf16_pack_pairs(q16, E, rows, nl, state, (uint32_t *)qt);
         } else { /* float32 rows from the loader: SIMD transpose, then clear the idle lanes */
             const sdpa__rows qr = p->load_q->rows(&p->q, b, h, i0, i0 + rows, qtile);
             mk->pack_lanes(qr.data, qr.stride, rows, E, c->qscale, qt, nl);
@@ -299,9 +297,9 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                     float *sc = st + (s0 - ta) * nl + l0;
                     if (s0 < e0) {
                         if (c->mk16 != NULL) {
-                            sdpa__rows16 k0 = kr16;
-                            k0.data += (s0 - ta) * kr16.stride;
-                            bf16_scores(c, q16, k0, E, e0 - s0, l0, w, rows, state, sc, nl);
+                            c->mk16->lanes_scores((const uint32_t *)qt + l0, nl, E, w,
+                                                  kr16.data + (s0 - ta) * kr16.stride, kr16.stride, e0 - s0,
+                                                  c->qscale, sc, nl);
                         } else {
                             mk->lanes_gemm(e0 - s0, E, kr.data + (s0 - ta) * kr.stride, kr.stride, 1, qt + l0, sc,
                                            NULL, w, nl);
@@ -315,7 +313,8 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                 }
             } else {
                 if (c->mk16 != NULL)
-                    bf16_scores(c, q16, kr16, E, n, 0, nl, rows, state, st, nl);
+                    c->mk16->lanes_scores((const uint32_t *)qt, nl, E, nl, kr16.data, kr16.stride, n, c->qscale, st,
+                                          nl);
                 else
                     mk->lanes_gemm(n, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
                 if (p->softcap > 0.0f)
