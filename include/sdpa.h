@@ -99,7 +99,7 @@ typedef enum sdpa_status {
     SDPA_ERR_INDEX = 27,             /**< (0.5) an index read from caller memory is out of range: a block_table entry, a cu_seqlens entry, a kv-write slot */
 
     /* 30-39: data type */
-    SDPA_ERR_DTYPE = 30,             /**< dtype not an sdpa_dtype, or one this entry point does not compute (0.4: only float32 is computed) */
+    SDPA_ERR_DTYPE = 30,             /**< dtype not an sdpa_dtype, or one this entry point does not compute (each entry point says which) */
 
     /* 40-49: values */
     SDPA_ERR_EMPTY_ROW = 40,         /**< a query row has no allowed key under SDPA_EMPTY_ROWS_ERROR */
@@ -131,9 +131,14 @@ SDPA_API const char *sdpa_last_error_message(void);
 
 /**
  * @return the name of the kernel that computed the last successful sdpa_attention() on the
- *         calling thread, or "" if none ran. Thread-local, static string. Names start with
- *         the path: "reference", "tiled..." or "decode..." (the rest names the micro-kernel,
- *         e.g. "tiled-avx2"); "none" when the call had no query row.
+ *         calling thread, or "" if none ran. Thread-local; valid until the next sdpa_attention()
+ *         on this thread. Names start with the path: "reference", "tiled..." or "decode..."
+ *         (then the micro-kernel's ISA, e.g. "tiled-avx2", "tiled-avx512bf16" for the bf16 dot
+ *         products of SDPA_PRECISION_REDUCED); with reduced-precision storage (0.4) a dtype
+ *         suffix follows: the dtype of K and V ("-f16", "-bf16"; "-f32" for a float32 cache
+ *         with a reduced q; "-mixed" when K and V differ), e.g. "decode-avx2-f16",
+ *         "reference-bf16". Float32 q, k and v keep the suffix-less 0.3 names. "none" when
+ *         the call had no query row.
  */
 SDPA_API const char *sdpa_last_kernel(void);
 
@@ -341,6 +346,12 @@ typedef enum sdpa_kernel {
  *   |scale| * E * 2^-126 plus |scale| * sum_e |q_e * k_je| over the terms where q_e or k_je is a
  *   bf16 subnormal (VDPBF16PS and AMX read subnormals as 0). REDUCED never rounds a q or k
  *   value: f32 or f16 q/k keep the F32 score arithmetic.
+ *   In 0.4, REDUCED computes Q.K^T with VDPBF16PS in the tiled and decode kernels when q and k
+ *   are bf16 and the CPU has AVX512-BF16 (sdpa_last_kernel() then names "avx512bf16"); it does
+ *   not round probabilities yet (P.V stays float32), and the reference kernel keeps the F32
+ *   arithmetic. tests/test_dtypes_kernels.c checks these bounds on every kernel, ISA and
+ *   dtype combination (largest observed error / bound: about 0.1 with f32 out, 0.97 with f16
+ *   or bf16 out, where the one rounding of out dominates).
  * An f16 out cannot hold |x| >= 65520: such values become +-Inf (f16's range), not an error.
  */
 typedef enum sdpa_precision {
@@ -401,8 +412,9 @@ typedef struct sdpa_options {
 
     /** Allow-mask (nullable), broadcast to [B, Hq, L, S]; nonzero = allowed. */
     const sdpa_allow_mask *allow_mask;
-    /** Additive float32 bias (nullable), rank 1..4 broadcast to [B, Hq, L, S], added after
-     *  softcap; -inf blocks the key. Entries at blocked pairs are never read. */
+    /** Additive bias (nullable; float32, float16 or bfloat16, widened exactly), rank 1..4
+     *  broadcast to [B, Hq, L, S], added after softcap; -inf blocks the key. Entries at
+     *  blocked pairs are never read. */
     const sdpa_tensor *bias;
 
     /** [B] key lengths (nullable): key j allowed only if j < key_lengths[b]; each in [0, S]. */
@@ -598,14 +610,20 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *
  * Size limit: L, S, E and Ev must each be below 2^31 (else SDPA_ERR_SIZE_OVERFLOW), on every
  * path: the kernels keep key positions, row indices and head widths in 32-bit integers (in
- * their workspaces and SIMD lanes), and the reference kernel's BLAS products take int
- * dimensions. B and H are not limited beyond the int64_t/size_t products.
+ * their workspaces and SIMD lanes). B and H are not limited beyond the int64_t/size_t products.
  *
- * @param q       [in] query view [B, Hq, L, E] (or [B, L, E]), float32 (shapes above).
- * @param k       [in] key view [B, Hkv, S, E] (or [B, S, E]), float32.
- * @param v       [in] value view [B, Hkv, S, Ev] (or [B, S, Ev]), float32.
+ * Dtypes (0.4): q, k, v, out and options->bias may each be SDPA_DTYPE_F32, _F16 or _BF16,
+ *   independently (e.g. float32 q with a float16 K/V cache); weights and lse are float32.
+ *   Inputs are widened exactly to float32; scores, softmax and accumulation run in float32
+ *   (see sdpa_precision for what SDPA_PRECISION_REDUCED may change, and the error bounds);
+ *   an f16/bf16 out is rounded once, to nearest even. The finite check and every masked-value
+ *   guarantee hold for every dtype (f16/bf16 Inf and NaN encodings included).
+ *
+ * @param q       [in] query view [B, Hq, L, E] (or [B, L, E]), float32, float16 or bfloat16.
+ * @param k       [in] key view [B, Hkv, S, E] (or [B, S, E]), float32, float16 or bfloat16.
+ * @param v       [in] value view [B, Hkv, S, Ev] (or [B, S, Ev]), float32, float16 or bfloat16.
  * @param options [in] nullable (= defaults); see sdpa_options.
- * @param out     [out] float32 [B, Hq, L, Ev]; its address range must not overlap the address
+ * @param out     [out] float32, float16 or bfloat16 [B, Hq, L, Ev]; its address range must not overlap the address
  *                range of any input or other output (checked conservatively on ranges).
  * @param weights [out] nullable; float32 [B, Hq, L, S]; content per options->weights_stage.
  * @param lse     [out] nullable; float32 [B, Hq, L]; -inf for padded rows and for empty rows
@@ -622,8 +640,7 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *                                 or the workspace overlaps an input
  * @retval SDPA_ERR_SIZE_OVERFLOW  shape products overflow, or L, S, E or Ev >= 2^31
  * @retval SDPA_ERR_EMPTY_DIMENSION E == 0
- * @retval SDPA_ERR_DTYPE          a view that is not float32 (float16/bfloat16 views are valid
- *                                 views, but this version has no kernels for them yet)
+ * @retval SDPA_ERR_DTYPE          a dtype that is not an sdpa_dtype, or weights / lse not float32
  * @retval SDPA_ERR_INVALID_ARGUMENT scale/softcap NaN, Inf or negative; window < -1; a key or
  *                                 query length outside [0, S] / [0, L]; dropout_p outside
  *                                 [0, 1); unknown enum value;

@@ -62,12 +62,12 @@ static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *c
                     cnt[hi]--;
                 }
             } else {
-                const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
+                const void *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
                 for (int64_t j = lo; j < hi; ++j) {
                     if (p->rules.has_mask && !sdpa__rule_mask_allows(&p->rules, b, h, i, j))
                         continue;
                     if (brow) {
-                        const float bv = brow[j * p->rules.bias.strides[3]];
+                        const float bv = sdpa__rule_bias_at(&p->rules, brow, j);
                         if (sdpa__rule_bias_blocks(bv))
                             continue;
                         if (fin && !isfinite(bv)) {

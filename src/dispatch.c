@@ -17,24 +17,36 @@ static const sdpa__mk *const g_tables[SDPA__ISA_COUNT][SDPA__MK_DTYPE_COUNT] = {
 #endif
 };
 
+#if defined(SDPA_HAVE_MK_AVX512BF16) && defined(SDPA_HAVE_AVX512)
+#include "microkernel_bf16.h"
+static const sdpa__mk_bf16 g_mk_avx512bf16 = {"tiled-avx512bf16", "decode-avx512bf16", "decode-split-avx512bf16",
+                                              sdpa__bf16_dot_rows_avx512bf16, sdpa__bf16_lanes_scores_avx512bf16};
+#endif
+/* [isa] of the bf16 column; NULL where there is none. */
+static const sdpa__mk_bf16 *const g_bf16_tables[SDPA__ISA_COUNT] = {
+#if defined(SDPA_HAVE_MK_AVX512BF16) && defined(SDPA_HAVE_AVX512)
+    [SDPA__ISA_AVX512] = &g_mk_avx512bf16,
+#endif
+};
+
 static once_flag g_once = ONCE_FLAG_INIT;
 static sdpa__isa g_cpu_isa = SDPA__ISA_PORTABLE;     /* best the CPU (and the build) supports */
 static sdpa__isa g_process_isa = SDPA__ISA_PORTABLE; /* g_cpu_isa capped by SDPA_MAX_ISA */
 static atomic_int g_test_cap = -1;                   /* sdpa__dispatch_set_max_isa_for_testing */
 
+/* The best level of the micro-kernel tables this build has and the CPU runs (cpu.h's one
+ * CPUID/XGETBV read: AVX2 needs AVX2 + FMA + F16C, AVX512 also AVX-512 F/BW/VL). */
 static sdpa__isa cpu_isa(void) {
-#if defined(SDPA_HAVE_AVX2) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-        return SDPA__ISA_PORTABLE;
+    sdpa__isa best = SDPA__ISA_PORTABLE;
+#if defined(SDPA_HAVE_AVX2)
+    if (sdpa__cpu_has_isa(SDPA__ISA_AVX2))
+        best = SDPA__ISA_AVX2;
 #if defined(SDPA_HAVE_AVX512)
-    if (__builtin_cpu_supports("avx512f"))
-        return SDPA__ISA_AVX512;
+    if (sdpa__cpu_has_isa(SDPA__ISA_AVX512))
+        best = SDPA__ISA_AVX512;
 #endif
-    return SDPA__ISA_AVX2;
-#else
-    return SDPA__ISA_PORTABLE;
 #endif
+    return best;
 }
 
 static void detect(void) {
@@ -64,4 +76,11 @@ const sdpa__mk *sdpa__dispatch_mk(sdpa__mk_dtype dtype) {
 
 void sdpa__dispatch_set_max_isa_for_testing(int isa) {
     atomic_store_explicit(&g_test_cap, isa < 0 ? -1 : isa, memory_order_relaxed);
+}
+
+const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16(void) {
+    const sdpa__isa isa = sdpa__dispatch_isa();
+    if (!sdpa__cpu_features()->avx512bf16)
+        return NULL;
+    return g_bf16_tables[isa];
 }

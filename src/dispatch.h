@@ -7,14 +7,11 @@
 #ifndef SDPA_DISPATCH_H
 #define SDPA_DISPATCH_H
 
+#include "cpu.h"
 #include "microkernel.h"
 
-typedef enum sdpa__isa {
-    SDPA__ISA_PORTABLE = 0,
-    SDPA__ISA_AVX2 = 1,   /* AVX2 + FMA */
-    SDPA__ISA_AVX512 = 2, /* AVX-512F (+ AVX2 + FMA) */
-    SDPA__ISA_COUNT
-} sdpa__isa;
+/* ISA levels: SDPA__ISA_PORTABLE, _AVX2, _AVX512 (cpu.h, whose one CPUID read decides them). */
+typedef int sdpa__isa;
 
 /* Micro-kernel dtypes: the dtype of the tiles the loaders hand to the micro-kernels (only f32
  * today; a bf16 tile column comes with AVX512-BF16 / AMX). */
@@ -28,6 +25,20 @@ sdpa__isa sdpa__dispatch_isa(void);
 /* The micro-kernel table for tiles of `dtype` at the ISA in effect (the best compiled-in
  * table at or below it; never NULL for SDPA__MK_F32). */
 const sdpa__mk *sdpa__dispatch_mk(sdpa__mk_dtype dtype);
+
+/* The bf16-tile column (SDPA_PRECISION_REDUCED with bf16 q and k): VDPBF16PS products on raw
+ * bf16 rows (microkernel_bf16.h), float32 results. */
+typedef struct sdpa__mk_bf16 {
+    const char *tiled_name, *decode_name, *decode_split_name; /* "tiled-avx512bf16", ... */
+    /* s[t] = sum_{e < ne} q[e] * k[t * ks + e] for t < n (bf16 subnormals read as 0). */
+    void (*dot_rows)(const uint16_t *q, int64_t ne, const uint16_t *k, ptrdiff_t ks, int64_t n, float *s);
+    /* Lanes-layout scores (tiled kernel): see sdpa__bf16_lanes_scores_avx512bf16. */
+    void (*lanes_scores)(const uint32_t *qp, int64_t ldq, int64_t ne, int64_t w, const uint16_t *k, ptrdiff_t ks,
+                         int64_t nk, float scale, float *st, int64_t ld);
+} sdpa__mk_bf16;
+/* The bf16 column at the ISA in effect, or NULL where the build, the CPU (AVX512-BF16) or the
+ * ISA cap does not allow it. */
+const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16(void);
 
 /* Test hook (never exported): cap the ISA for the following calls of every thread, as
  * SDPA_MAX_ISA would for a new process (still limited by the CPU); isa < 0 returns to the

@@ -50,7 +50,7 @@ static double score(const sdpa__plan *p, const scratch *sc, int64_t b, int64_t h
         return d;
     d -= sdpa__rule_alibi_term(&p->rules, b, h, i, j);
     if (p->rules.has_bias)
-        d += (double)sdpa__rule_bias_row(&p->rules, b, h, i)[j * p->rules.bias.strides[3]];
+        d += (double)sdpa__rule_bias_at(&p->rules, sdpa__rule_bias_row(&p->rules, b, h, i), j);
     return d;
 }
 
@@ -64,7 +64,7 @@ double sdpa__fallback_score_double(const sdpa__plan *p, int64_t b, int64_t h, in
  * finite): softmax, P.V, lse and probabilities in double from recomputed scores. Rare, so
  * scores are recomputed per pass instead of stored. The row has at least one allowed key. */
 void sdpa__fallback_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
-                               void *scr, float *orow, float *wrow, float *lrow) {
+                               void *scr, void *orow, float *wrow, float *lrow) {
     const scratch sc = carve(p, scr);
     double *acc = sc.acc;
     int64_t lo, hi;
@@ -96,7 +96,7 @@ void sdpa__fallback_row_double(const sdpa__plan *p, const sdpa__dropout *drop, i
             acc[d] += e * (double)vrow[d];
     }
     for (int64_t d = 0; d < p->Ev; ++d)
-        orow[d * p->out.strides[3]] = (float)(acc[d] / sum * (double)drop->scale);
+        sdpa__out_put(p, orow, d, (float)(acc[d] / sum * (double)drop->scale));
     if (lrow)
         *lrow = (float)(mx + log(sum));
     if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)

@@ -4,6 +4,7 @@
 
 #include "sdpa.h"
 #include "rules.h"
+#include "convert.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -21,6 +22,8 @@
 sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...) SDPA__PRINTF(2, 3);
 void sdpa__clear_error(void);
 void sdpa__set_kernel(const char *name);
+/* sdpa_last_kernel() = name followed by tag ("tiled-avx512" + "-f16"; tag "" or NULL: name). */
+void sdpa__set_kernel_path(const char *name, const char *tag);
 /* The finite check's failure for key (value = false) or value row j of (b, kv head g), as
  * sdpa_attention reports it (used by check.c and by kernels that check K/V rows inline). */
 sdpa_status sdpa__fail_kv_row(int64_t b, int64_t g, int64_t j, bool value);
@@ -28,6 +31,7 @@ sdpa_status sdpa__fail_kv_row(int64_t b, int64_t g, int64_t j, bool value);
 /* ---- view.c: validation of views ---- */
 
 /* A rank-4 float view after validation and normalisation (rank-3 views get H = 1). */
+struct sdpa__convert;
 typedef struct sdpa__view4 {
     float *data;     /* elements of `dtype` (read through a loader, load.h, for q/k/v) */
     int32_t dtype;   /* sdpa_dtype */
@@ -40,6 +44,7 @@ typedef struct sdpa__view4 {
     const int32_t *block_table;
     int64_t block_table_stride, block_size;
     const int64_t *key_lengths;
+    const struct sdpa__convert *cv; /* q/k/v: the conversion table of the plan's ISA (plan.c) */
 } sdpa__view4;
 
 /* Byte interval [lo, hi) covered by a view; empty when lo == hi. */
@@ -163,6 +168,7 @@ typedef struct sdpa__plan {
     int64_t row_block;                      /* query rows per tile */
     const float *sinks;                     /* [Hq] sink logits (NULL = none), softmax only */
     sdpa__exec exec;                        /* where tasks run: own threads, hook or pool */
+    int precision;                          /* sdpa_precision (DEFAULT resolved to F32) */
 } sdpa__plan;
 
 /* ---- plan.c: validated shapes, views and rules; no kernel knowledge ---- */
@@ -260,7 +266,43 @@ double sdpa__fallback_score_double(const sdpa__plan *p, int64_t b, int64_t h, in
  * everywhere. For rows float32 cannot carry although the inputs are finite; the row must have
  * an allowed key. */
 void sdpa__fallback_row_double(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i,
-                               void *scratch, float *orow, float *wrow, float *lrow);
+                               void *scratch, void *orow, float *wrow, float *lrow);
+
+/* ---- out writeback: the one place out is stored (every kernel and the double fallback) ---- */
+
+/* Row (b, h, i) of out (element d at d * out.strides[3] elements of out's dtype). */
+static inline void *sdpa__out_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i) {
+    if (p->out.data == NULL) /* an empty out (Ev = 0) */
+        return NULL;
+    const int64_t off = b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2];
+    return (char *)p->out.data + off * (p->out.dtype == SDPA_DTYPE_F32 ? 4 : 2);
+}
+/* Element d of an out row = x, rounded once (nearest even) to out's dtype (sdpa__f32_to_f16 /
+ * sdpa__f32_to_bf16 of convert.h: the same bits on every ISA). */
+static inline void sdpa__out_put(const sdpa__plan *p, void *orow, int64_t d, float x) {
+    const int64_t at = d * p->out.strides[3];
+    if (p->out.dtype == SDPA_DTYPE_F32)
+        ((float *)orow)[at] = x;
+    else if (p->out.dtype == SDPA_DTYPE_F16)
+        ((uint16_t *)orow)[at] = sdpa__f32_to_f16(x);
+    else
+        ((uint16_t *)orow)[at] = sdpa__f32_to_bf16(x);
+}
+/* The dtype part of sdpa_last_kernel(): "" when q, k and v are float32 (the 0.3 names), else
+ * the storage dtype of K and V ("-f16", "-bf16", "-f32" for an f32 cache with a reduced q), or
+ * "-mixed" when K and V differ. out and bias dtypes are not named. */
+static inline const char *sdpa__dtype_tag(const sdpa__plan *p) {
+    if (p->q.dtype == SDPA_DTYPE_F32 && p->k.dtype == SDPA_DTYPE_F32 && p->v.dtype == SDPA_DTYPE_F32)
+        return "";
+    if (p->k.dtype != p->v.dtype)
+        return "-mixed";
+    return p->k.dtype == SDPA_DTYPE_F16 ? "-f16" : p->k.dtype == SDPA_DTYPE_BF16 ? "-bf16" : "-f32";
+}
+/* Every element of an out row = 0 (padding, empty rows). */
+static inline void sdpa__out_zero_row(const sdpa__plan *p, void *orow) {
+    for (int64_t d = 0; d < p->Ev; ++d)
+        sdpa__out_put(p, orow, d, 0.0f);
+}
 
 /* Saturating size arithmetic (SIZE_MAX = overflow) and 64-byte rounding. */
 static inline size_t sdpa__add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }

@@ -138,6 +138,7 @@ static size_t decode_workspace_bytes(const sdpa__plan *p, int threads) {
 typedef struct dctx {
     const sdpa__plan *p;
     const sdpa__mk *mk;
+    const sdpa__mk_bf16 *mk16; /* REDUCED with bf16 q and k: scores by bf16 dot products; else NULL */
     sdpa__dropout drop;
     dplan d;
     layout lay;
@@ -145,7 +146,6 @@ typedef struct dctx {
     float qscale;
 } dctx;
 
-static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
 
 static int64_t slot_of(const sdpa__plan *p, const dplan *d, int64_t b, int64_t h, int64_t i, int64_t ck) {
     return ((b * p->Hq + h) * p->L + i) * d->nchunks + ck;
@@ -202,6 +202,11 @@ static void decode_task(void *vctx, int64_t task, int tid) {
     for (int64_t r = 0; r < R; ++r) { /* q rows through the loader (kp is free until the first K tile) */
         if (state[r] != ROW_VALID)
             continue;
+        if (c->mk16 != NULL) { /* raw bf16 q rows; the scale is applied to the scores */
+            const sdpa__rows16 q16 = p->load_q->rows_bf16(&p->q, b, hrow[r], irow[r], irow[r] + 1, (uint16_t *)kp);
+            memcpy((uint16_t *)qp + r * E, q16.data, (size_t)E * sizeof(uint16_t));
+            continue;
+        }
         const sdpa__rows qr = p->load_q->rows(&p->q, b, hrow[r], irow[r], irow[r] + 1, kp);
         for (int64_t e = 0; e < E; ++e)
             qp[r * E + e] = qr.data[e] * c->qscale;
@@ -248,7 +253,12 @@ static void decode_task(void *vctx, int64_t task, int tid) {
             memset(used, 1, (size_t)n);
 
         /* K tile from the loader (in place when float32 rows are contiguous along E). */
-        const sdpa__rows kr = p->load_k->rows(&p->k, b, g, ta, tc, kp);
+        sdpa__rows kr = {NULL, 0};
+        sdpa__rows16 kr16 = {NULL, 0};
+        if (c->mk16 != NULL)
+            kr16 = p->load_k->rows_bf16(&p->k, b, g, ta, tc, (uint16_t *)kp);
+        else
+            kr = p->load_k->rows(&p->k, b, g, ta, tc, kp);
         const float *kt = kr.data;
         const ptrdiff_t kstride = kr.stride;
 
@@ -256,9 +266,19 @@ static void decode_task(void *vctx, int64_t task, int tid) {
          * path through dot_rows as in one call, so the results do not depend on kc). */
         for (int64_t c0 = 0; c0 < n; c0 += kc) {
             const int64_t cn = n - c0 < kc ? n - c0 : kc;
-            for (int64_t r = 0; r < R; ++r)
-                if (mode[r] != MODE_NONE)
-                    mk->dot_rows(qp + r * E, E, kt + c0 * kstride, kstride, cn, s + r * BN + c0);
+            for (int64_t r = 0; r < R; ++r) {
+                if (mode[r] == MODE_NONE)
+                    continue;
+                float *sr = s + r * BN + c0;
+                if (c->mk16 != NULL) { /* raw bf16 rows (REDUCED): scale applied to the scores */
+                    c->mk16->dot_rows((const uint16_t *)qp + r * E, E, kr16.data + c0 * kr16.stride, kr16.stride, cn,
+                                      sr);
+                    for (int64_t t = 0; t < cn; ++t)
+                        sr[t] *= c->qscale;
+                } else {
+                    mk->dot_rows(qp + r * E, E, kt + c0 * kstride, kstride, cn, sr);
+                }
+            }
         }
         for (int64_t r = 0; r < R; ++r) {
             if (mode[r] == MODE_NONE)
@@ -269,14 +289,14 @@ static void decode_task(void *vctx, int64_t task, int tid) {
             sdpa__rule_alibi_add(&p->rules, b, hrow[r], irow[r], ta, n, sr, 1); /* ALiBi (rules.c), a bias */
             if (mode[r] == MODE_PART) {
                 const uint8_t *al = allowed + r * BN;
-                const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, hrow[r], irow[r]) : NULL;
+                const void *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, hrow[r], irow[r]) : NULL;
                 for (int64_t t = 0; t < n; ++t) {
                     if (!al[t]) {
                         sr[t] = -INFINITY;
                         continue;
                     }
                     if (brow != NULL)
-                        sr[t] += brow[(ta + t) * p->rules.bias.strides[3]];
+                        sr[t] += sdpa__rule_bias_at(&p->rules, brow, ta + t);
                     if (!isfinite(sr[t]))
                         bad[r] = -1;
                 }
@@ -351,6 +371,10 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
     dctx c;
     c.p = p;
     c.mk = mk;
+    c.mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
+                     p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
+                 ? sdpa__dispatch_mk_bf16()
+                 : NULL;
     c.d = decode_plan(p);
     c.lay = make_layout(p, &c.d);
     if (threads < 1)
@@ -385,7 +409,7 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
     for (int64_t b = 0; b < p->B; ++b)
         for (int64_t h = 0; h < p->Hq; ++h)
             for (int64_t i = 0; i < p->L; ++i) {
-                float *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
+                void *orow = sdpa__out_row(p, b, h, i);
                 float *lrow = p->has_lse ? p->lse + b * p->lse_strides[0] + h * p->lse_strides[1] +
                                                i * p->lse_strides[2]
                                          : NULL;
@@ -403,8 +427,7 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
                 }
                 const float sink = sdpa__sink(p->sinks, h);
                 if (M == -INFINITY) { /* padding, or no allowed key (lse = the sink, -inf without) */
-                    for (int64_t e = 0; e < Ev; ++e)
-                        orow[e * p->out.strides[3]] = 0.0f;
+                    sdpa__out_zero_row(p, orow);
                     if (lrow)
                         *lrow = sdpa__rule_is_padding(&p->rules, b, i) ? -INFINITY : sink;
                     continue;
@@ -427,7 +450,7 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
                             x += (double)po[(s0 + k) * Ev + e] * w[k];
                     const float y = (float)(x * inv);
                     fin = isfinite(x) && isfinite(y);
-                    orow[e * p->out.strides[3]] = y;
+                    sdpa__out_put(p, orow, e, y);
                 }
                 if (!fin) {
                     sdpa__fallback_row_double(p, &c.drop, b, h, i, acc, orow, NULL, lrow);
@@ -436,7 +459,10 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
                 if (lrow)
                     *lrow = (float)(M + log(lt));
             }
-    sdpa__set_kernel(nc > 1 ? mk->decode_split_name : mk->decode_name);
+    if (c.mk16 != NULL)
+        sdpa__set_kernel_path(nc > 1 ? c.mk16->decode_split_name : c.mk16->decode_name, sdpa__dtype_tag(p));
+    else
+        sdpa__set_kernel_path(nc > 1 ? mk->decode_split_name : mk->decode_name, sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 

@@ -109,11 +109,11 @@ static void write_probs_row(const sdpa__plan *p, float *w, const float *prob, in
  * where blocked, writes lse and weights, and returns ROW_PV if out still needs P.V, or
  * ROW_DONE if the row is complete (padding, empty, or redone in double). */
 static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b, int64_t h, int64_t i, float *s,
-                       int64_t jlo, int64_t n, uint8_t *allowed, void *acc, float *orow, float *wrow,
+                       int64_t jlo, int64_t n, uint8_t *allowed, void *acc, void *orow, float *wrow,
                        float *lrow) {
     const int64_t jhi = jlo + n;
     if (sdpa__rule_is_padding(&p->rules, b, i)) {
-        zero_row(orow, p->Ev, p->out.strides[3]);
+        sdpa__out_zero_row(p, orow);
         if (wrow)
             zero_row(wrow, p->S, p->weights.strides[3]);
         if (lrow)
@@ -137,13 +137,13 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
         write_scores_row(p, acc, b, h, i, wrow, s, allowed, jlo, jhi, SDPA_WEIGHTS_SOFTCAPPED);
     sdpa__rule_alibi_add(&p->rules, b, h, i, jlo, n, s, 1); /* ALiBi, a bias (rules.c) */
     /* Bias is read and added where allowed only; -inf blocks. */
-    const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
+    const void *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
     bool any = false, overflow = false;
     for (int64_t j = 0; j < n; ++j) {
         if (!(allowed[j] & KEY_ALLOWED))
             continue;
         if (brow) /* a -inf bias already blocked the key */
-            s[j] += brow[(jlo + j) * p->rules.bias.strides[3]];
+            s[j] += sdpa__rule_bias_at(&p->rules, brow, jlo + j);
         overflow = overflow || (allowed[j] & KEY_RAW_NOT_FINITE) || !isfinite(s[j]);
         any = true;
     }
@@ -152,7 +152,7 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
     for (int64_t j = 0; j < n; ++j) /* plain 0/1 from here on */
         allowed[j] &= KEY_ALLOWED;
     if (!any) { /* policy ZERO (ERROR was rejected before any write) */
-        zero_row(orow, p->Ev, p->out.strides[3]);
+        sdpa__out_zero_row(p, orow);
         if (wrow && p->weights_stage == SDPA_WEIGHTS_PROBABILITIES)
             zero_row(wrow, p->S, p->weights.strides[3]);
         if (lrow)
@@ -180,9 +180,9 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
 }
 
 /* Row (b, h, i) of out, weights (NULL if not requested) and lse (NULL if not requested). */
-static void row_outputs(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, float **orow, float **wrow,
+static void row_outputs(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, void **orow, float **wrow,
                         float **lrow) {
-    *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
+    *orow = sdpa__out_row(p, b, h, i);
     *wrow = p->has_weights
                 ? at(p->weights.data, b * p->weights.strides[0] + h * p->weights.strides[1] + i * p->weights.strides[2])
                 : NULL;
@@ -302,7 +302,8 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
                 bool need_pv = false;
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t i = i0 + r;
-                    float *orow, *wrow, *lrow;
+                    void *orow;
+                    float *wrow, *lrow;
                     row_outputs(p, b, h, i, &orow, &wrow, &lrow);
                     state[r] = (uint8_t)softmax_row(p, &drop, b, h, i, tile + r * n, jlo, n, allowed, acc, orow,
                                                     wrow, lrow);
@@ -318,12 +319,13 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
                     if (state[r] != ROW_PV)
                         continue;
                     const int64_t i = i0 + r;
-                    float *orow, *wrow, *lrow;
+                    void *orow;
+                    float *wrow, *lrow;
                     row_outputs(p, b, h, i, &orow, &wrow, &lrow);
                     bool finite = true;
                     for (int64_t d = 0; d < p->Ev; ++d) {
                         const float x = drop.on ? otile[r * p->Ev + d] * drop.scale : otile[r * p->Ev + d];
-                        orow[d * p->out.strides[3]] = x;
+                        sdpa__out_put(p, orow, d, x);
                         finite = finite && isfinite(x);
                     }
                     if (!finite) /* the float32 P.V sum overflowed (|v| near FLT_MAX): redo in double */
@@ -332,7 +334,7 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
             }
         }
     }
-    sdpa__set_kernel("reference");
+    sdpa__set_kernel_path("reference", sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 

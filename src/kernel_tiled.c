@@ -95,18 +95,32 @@ static size_t tiled_workspace_bytes(const sdpa__plan *p, int threads) {
 typedef struct tctx {
     const sdpa__plan *p;
     const sdpa__mk *mk;
+    const sdpa__mk_bf16 *mk16; /* REDUCED with bf16 q and k: scores by bf16 dot products; else NULL */
     sdpa__dropout drop;
     layout lay;
     unsigned char *ws;
     float qscale;
 } tctx;
 
-static float *at(float *base, int64_t off) { return base ? base + off : NULL; }
+/* SDPA_PRECISION_REDUCED with bf16 q and k: Q rows (raw bf16) packed in pairs for the lanes
+ * scores, qp[pi * nl + l] = q_l[2 pi] | q_l[2 pi + 1] << 16; lanes that read nothing get zeros
+ * (as their zero Q lanes do on the float32 path). */
+static void bf16_pack_pairs(sdpa__rows16 q16, int64_t E, int64_t rows, int64_t nl, const uint8_t *state,
+                            uint32_t *qp) {
+    for (int64_t pi = 0; pi < (E + 1) / 2; ++pi)
+        for (int64_t l = 0; l < nl; ++l) {
+            uint32_t x = 0;
+            if (l < rows && state[l] == LANE_VALID) {
+                const uint16_t *q = q16.data + l * q16.stride;
+                x = (uint32_t)q[2 * pi] | (2 * pi + 1 < E ? (uint32_t)q[2 * pi + 1] << 16 : 0u);
+            }
+            qp[pi * nl + l] = x;
+        }
+}
 
 /* A zero out row; lse = lse_value (-inf, or the head's sink for an empty row). */
-static void write_zero_row(const sdpa__plan *p, float *orow, float *lrow, float lse_value) {
-    for (int64_t d = 0; d < p->Ev; ++d)
-        orow[d * p->out.strides[3]] = 0.0f;
+static void write_zero_row(const sdpa__plan *p, void *orow, float *lrow, float lse_value) {
+    sdpa__out_zero_row(p, orow);
     if (lrow)
         *lrow = lse_value;
 }
@@ -126,13 +140,12 @@ static bool apply_rules(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, i
         const int64_t i = i0 + r;
         uint8_t ok[BN];
         sdpa__rule_row_flags(&p->rules, b, h, i, lo[r], hi[r], ta, n, ok);
-        const float *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
-        const int64_t bs3 = p->rules.bias.strides[3];
+        const void *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
         for (int64_t t = 0; t < n; ++t) {
             float *x = &st[t * nl + r];
             if (ok[t]) {
                 if (brow != NULL)
-                    *x += brow[(ta + t) * bs3];
+                    *x += sdpa__rule_bias_at(&p->rules, brow, ta + t);
                 used[t] = 1;
                 if (!isfinite(*x))
                     bad[r] = -1;
@@ -230,7 +243,10 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             l[r] = 0.0;
             bad[r] = 0;
         }
-        { /* float32 rows from the loader: SIMD transpose, then clear the idle lanes */
+        if (c->mk16 != NULL) { /* raw bf16 q rows, packed in pairs into Qt's space */
+            const sdpa__rows16 q16 = p->load_q->rows_bf16(&p->q, b, h, i0, i0 + rows, (uint16_t *)qtile);
+            bf16_pack_pairs(q16, E, rows, nl, state, (uint32_t *)qt);
+        } else { /* float32 rows from the loader: SIMD transpose, then clear the idle lanes */
             const sdpa__rows qr = p->load_q->rows(&p->q, b, h, i0, i0 + rows, qtile);
             mk->pack_lanes(qr.data, qr.stride, rows, E, c->qscale, qt, nl);
             for (int64_t r = 0; r < nl; ++r)
@@ -250,7 +266,12 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
              * the keys its rows can reach, [s0, e0); the rest of its column is P = 0. A causal
              * diagonal tile then costs about 5/8 (16-row chunks) or 3/4 (32) of a full one. */
             const bool ranged = tcl == SDPA__TILE_PARTIAL_RANGE;
-            const sdpa__rows kr = p->load_k->rows(&p->k, b, g, ta, tc, ktile);
+            sdpa__rows kr = {NULL, 0};
+            sdpa__rows16 kr16 = {NULL, 0};
+            if (c->mk16 != NULL)
+                kr16 = p->load_k->rows_bf16(&p->k, b, g, ta, tc, (uint16_t *)ktile);
+            else
+                kr = p->load_k->rows(&p->k, b, g, ta, tc, ktile);
             bool all_used = true;
             if (ranged) {
                 all_used = range_used(nl, state, lo, hi, ta, n, cnt, used);
@@ -276,8 +297,14 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                                 st[t * nl + r] = 0.0f;
                     float *sc = st + (s0 - ta) * nl + l0;
                     if (s0 < e0) {
-                        mk->lanes_gemm(e0 - s0, E, kr.data + (s0 - ta) * kr.stride, kr.stride, 1, qt + l0, sc,
-                                       NULL, w, nl);
+                        if (c->mk16 != NULL) {
+                            c->mk16->lanes_scores((const uint32_t *)qt + l0, nl, E, w,
+                                                  kr16.data + (s0 - ta) * kr16.stride, kr16.stride, e0 - s0,
+                                                  c->qscale, sc, nl);
+                        } else {
+                            mk->lanes_gemm(e0 - s0, E, kr.data + (s0 - ta) * kr.stride, kr.stride, 1, qt + l0, sc,
+                                           NULL, w, nl);
+                        }
                         if (p->softcap > 0.0f)
                             for (int64_t t = 0; t < e0 - s0; ++t)
                                 mk->softcap(sc + t * nl, w, p->softcap);
@@ -290,7 +317,11 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                     mk->lanes_softmax(sc, e0 - s0, w, nl, m + l0, alpha + l0, tsum + l0, NULL);
                 }
             } else {
-                mk->lanes_gemm(n, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
+                if (c->mk16 != NULL)
+                    c->mk16->lanes_scores((const uint32_t *)qt, nl, E, nl, kr16.data, kr16.stride, n, c->qscale, st,
+                                          nl);
+                else
+                    mk->lanes_gemm(n, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
                 if (p->softcap > 0.0f)
                     mk->softcap(st, n * nl, p->softcap);
                 if (p->rules.alibi_slopes != NULL) /* ALiBi (rules.c), a bias */
@@ -378,14 +409,14 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     /* Rows of out contiguous along Ev: write all rows with a SIMD transpose; the rows that need
      * other values (zeros, the double fallback) are overwritten below. */
     const int64_t os3 = p->out.strides[3];
-    const bool bulk = any_valid && os3 == 1 && Ev > 0;
+    const bool bulk = any_valid && os3 == 1 && Ev > 0 && p->out.dtype == SDPA_DTYPE_F32;
     if (bulk)
         mk->unpack_lanes(ot, nl, rows, Ev,
                          p->out.data + b * p->out.strides[0] + h * p->out.strides[1] + i0 * p->out.strides[2],
                          (ptrdiff_t)p->out.strides[2]);
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
-        float *orow = at(p->out.data, b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2]);
+        void *orow = sdpa__out_row(p, b, h, i);
         float *lrow = p->has_lse ? p->lse + b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]
                                  : NULL;
         if (state[r] != LANE_VALID) { /* padding, or no key in the row's range */
@@ -406,7 +437,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
         }
         if (!bulk)
             for (int64_t d = 0; d < Ev; ++d)
-                orow[d * os3] = ot[d * nl + r];
+                sdpa__out_put(p, orow, d, ot[d * nl + r]);
         if (lrow)
             *lrow = (float)((double)m[r] + log(l[r]));
     }
@@ -417,6 +448,10 @@ static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t 
     tctx c;
     c.p = p;
     c.mk = mk;
+    c.mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
+                     p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
+                 ? sdpa__dispatch_mk_bf16()
+                 : NULL;
     c.lay = make_layout(p);
     c.ws = (unsigned char *)ws;
     if (threads < 1)
@@ -427,7 +462,7 @@ static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t 
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
     c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
     sdpa__run_tasks(&p->exec, threads, num_tasks(p), tiled_task, &c);
-    sdpa__set_kernel(mk->tiled_name);
+    sdpa__set_kernel_path(c.mk16 != NULL ? c.mk16->tiled_name : mk->tiled_name, sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 

@@ -2,7 +2,6 @@
 #include "load.h"
 #include "microkernel.h"
 #include "convert.h"
-#include "dispatch.h"
 
 #include <string.h>
 
@@ -33,7 +32,53 @@ static bool f32_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int
     return sdpa__finite_strided(mk, f32_row(v, b, h, r), v->shape[3], v->strides[3]);
 }
 
-static const sdpa__loader g_f32_strided = {"f32-strided", f32_strided_rows, f32_strided_row_finite};
+static const sdpa__loader g_f32_strided = {"f32-strided", f32_strided_rows, f32_strided_row_finite, NULL};
+
+/* f16 and bf16 (2-byte encodings): always widened into the tile, exactly, through the plan's
+ * conversion table (convert.h; the same bits on every ISA). */
+static const uint16_t *u16_row(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r) {
+    return (const uint16_t *)(const void *)v->data + b * v->strides[0] + h * v->strides[1] + r * v->strides[2];
+}
+
+static const sdpa__convert *table_of(const sdpa__view4 *v) { return v->cv != NULL ? v->cv : &sdpa__convert_portable; }
+
+static sdpa__rows u16_strided_rows(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1, float *tile) {
+    const int64_t n = v->shape[3];
+    sdpa__widen_rows(table_of(v), v->dtype, u16_row(v, b, h, r0), (ptrdiff_t)v->strides[2], (ptrdiff_t)v->strides[3],
+                     r1 - r0, n, tile, n);
+    sdpa__rows out;
+    out.data = tile;
+    out.stride = (ptrdiff_t)n;
+    return out;
+}
+
+static bool u16_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int64_t b, int64_t h, int64_t r) {
+    (void)mk;
+    return sdpa__finite_rows(table_of(v), v->dtype, u16_row(v, b, h, r), 0, (ptrdiff_t)v->strides[3], 1, v->shape[3]);
+}
+
+static sdpa__rows16 bf16_strided_rows_bf16(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1,
+                                           uint16_t *tile) {
+    const int64_t n = v->shape[3], s3 = v->strides[3], s2 = v->strides[2];
+    sdpa__rows16 out;
+    if ((s3 == 1 || n <= 1) && (s2 >= n || r1 - r0 <= 1)) { /* in place */
+        out.data = u16_row(v, b, h, r0);
+        out.stride = (ptrdiff_t)(r1 - r0 <= 1 ? n : s2);
+        return out;
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+        const uint16_t *src = u16_row(v, b, h, r);
+        for (int64_t e = 0; e < n; ++e)
+            tile[(r - r0) * n + e] = src[e * s3];
+    }
+    out.data = tile;
+    out.stride = (ptrdiff_t)n;
+    return out;
+}
+
+static const sdpa__loader g_f16_strided = {"f16-strided", u16_strided_rows, u16_strided_row_finite, NULL};
+static const sdpa__loader g_bf16_strided = {"bf16-strided", u16_strided_rows, u16_strided_row_finite,
+                                            bf16_strided_rows_bf16};
 
 /* ---- paged addressing (0.5): one loader for every dtype ----
  * Rows are gathered block by block: each run of consecutive rows inside one block is a
@@ -56,7 +101,7 @@ static sdpa__rows paged_rows(const sdpa__view4 *v, int64_t b, int64_t h, int64_t
         out.stride = (ptrdiff_t)v->strides[2];
         return out;
     }
-    const sdpa__convert *cv = sdpa__convert_for_isa((int)sdpa__dispatch_isa());
+    const sdpa__convert *cv = table_of(v);
     const int64_t valid = r1 < len ? r1 : len;
     int64_t r = r0;
     while (r < valid) {
@@ -80,17 +125,18 @@ static bool paged_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int64_t b
     const void *src = paged_row(v, b, h, r);
     if (v->dtype == SDPA_DTYPE_F32)
         return sdpa__finite_strided(mk, (const float *)src, v->shape[3], v->strides[3]);
-    return sdpa__finite_rows(sdpa__convert_for_isa((int)sdpa__dispatch_isa()), v->dtype, src, 0,
+    return sdpa__finite_rows(table_of(v), v->dtype, src, 0,
                              (ptrdiff_t)v->strides[3], 1, v->shape[3]);
 }
 
-static const sdpa__loader g_f32_paged = {"f32-paged", paged_rows, paged_row_finite};
-static const sdpa__loader g_f16_paged = {"f16-paged", paged_rows, paged_row_finite};
-static const sdpa__loader g_bf16_paged = {"bf16-paged", paged_rows, paged_row_finite};
+static const sdpa__loader g_f32_paged = {"f32-paged", paged_rows, paged_row_finite, NULL};
+static const sdpa__loader g_f16_paged = {"f16-paged", paged_rows, paged_row_finite, NULL};
+static const sdpa__loader g_bf16_paged = {"bf16-paged", paged_rows, paged_row_finite, NULL};
 
 /* [addressing][sdpa_dtype]; NULL = not supported (rejected by validation before a plan). */
 static const sdpa__loader *const g_loaders[SDPA__ADDR_COUNT][3] = {
-    [SDPA__ADDR_STRIDED] = {[SDPA_DTYPE_F32] = &g_f32_strided},
+    [SDPA__ADDR_STRIDED] = {[SDPA_DTYPE_F32] = &g_f32_strided, [SDPA_DTYPE_F16] = &g_f16_strided,
+                            [SDPA_DTYPE_BF16] = &g_bf16_strided},
     [SDPA__ADDR_PAGED] = {[SDPA_DTYPE_F32] = &g_f32_paged, [SDPA_DTYPE_F16] = &g_f16_paged,
                           [SDPA_DTYPE_BF16] = &g_bf16_paged},
 };

@@ -42,6 +42,13 @@ typedef enum sdpa__addressing {
     SDPA__ADDR_COUNT
 } sdpa__addressing;
 
+/* Raw bf16 rows (SDPA_PRECISION_REDUCED's bf16 dot products): row t at data + t * stride
+ * (stride >= the row width), elements contiguous. */
+typedef struct sdpa__rows16 {
+    const uint16_t *data;
+    ptrdiff_t stride;
+} sdpa__rows16;
+
 typedef struct sdpa__loader {
     const char *name; /* "f32-strided" */
     /* Rows [r0, r1) (axis 2) of (b, h) (axes 0, 1) of v, each of v->shape[3] elements, as
@@ -49,6 +56,10 @@ typedef struct sdpa__loader {
     sdpa__rows (*rows)(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1, float *tile);
     /* Whether row r of (b, h) of v holds no NaN or Inf (the finite check). */
     bool (*row_finite)(const struct sdpa__mk *mk, const sdpa__view4 *v, int64_t b, int64_t h, int64_t r);
+    /* bf16 storage only (NULL for the others): rows [r0, r1) as their raw bf16 encodings, in
+     * place when contiguous along the last axis (and rows do not overlap), else copied into
+     * tile ((r1 - r0) * v->shape[3] uint16_t; the f32 tile has room for that). */
+    sdpa__rows16 (*rows_bf16)(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1, uint16_t *tile);
 } sdpa__loader;
 
 /* The loader for a validated view (its dtype) under an addressing. */

@@ -75,3 +75,39 @@ void sdpa__bf16_axpy_rows_avx512bf16(float *o, int64_t nev, float alpha, const u
         _mm512_mask_storeu_ps(o + d + 16, m1, _mm512_fmadd_ps(av, o1, c1));
     }
 }
+
+void sdpa__bf16_lanes_scores_avx512bf16(const uint32_t *qp, int64_t ldq, int64_t ne, int64_t w, const uint16_t *k,
+                                        ptrdiff_t ks, int64_t nk, float scale, float *st, int64_t ld) {
+    const int64_t np = (ne + 1) / 2;
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t t = 0; t < nk; ++t) {
+        const uint16_t *kr = k + t * ks;
+        float *out = st + t * ld;
+        int64_t l0 = 0;
+        for (; l0 + 64 <= w; l0 += 64) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t pi = 0; pi < np; ++pi) {
+                const uint32_t hi = 2 * pi + 1 < ne ? (uint32_t)kr[2 * pi + 1] : 0u;
+                const __m512bh kb = (__m512bh)_mm512_set1_epi32((int)((uint32_t)kr[2 * pi] | (hi << 16)));
+                const uint32_t *q = qp + pi * ldq + l0;
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q), kb);
+                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(q + 16), kb);
+                a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(q + 32), kb);
+                a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(q + 48), kb);
+            }
+            _mm512_storeu_ps(out + l0, _mm512_mul_ps(a0, sc));
+            _mm512_storeu_ps(out + l0 + 16, _mm512_mul_ps(a1, sc));
+            _mm512_storeu_ps(out + l0 + 32, _mm512_mul_ps(a2, sc));
+            _mm512_storeu_ps(out + l0 + 48, _mm512_mul_ps(a3, sc));
+        }
+        for (; l0 < w; l0 += 16) {
+            __m512 a = _mm512_setzero_ps();
+            for (int64_t pi = 0; pi < np; ++pi) {
+                const uint32_t hi = 2 * pi + 1 < ne ? (uint32_t)kr[2 * pi + 1] : 0u;
+                const __m512bh kb = (__m512bh)_mm512_set1_epi32((int)((uint32_t)kr[2 * pi] | (hi << 16)));
+                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qp + pi * ldq + l0), kb);
+            }
+            _mm512_storeu_ps(out + l0, _mm512_mul_ps(a, sc));
+        }
+    }
+}

@@ -17,6 +17,11 @@ void sdpa__bf16_dot_rows_avx512bf16(const uint16_t *q, int64_t ne, const uint16_
                                     float *s);
 /* o[d] = alpha * o[d] + sum_{t < cnt} p[t] * v[t * vs + d] for d < nev: bf16 probabilities p
  * (contiguous) and bf16 value rows (contiguous along d). With alpha = 1 nothing is rescaled. */
+/* Scores in the lanes layout of the tiled kernel: st[t * ld + l] = scale * sum_e q_l[e] * k[t * ks + e]
+ * for t < nk, l < w (a multiple of 16). q is packed in pairs: qp[pi * ldq + l] holds q_l[2 pi] in
+ * its low and q_l[2 pi + 1] in its high 16 bits (0 beyond ne). k rows contiguous (ne elements). */
+void sdpa__bf16_lanes_scores_avx512bf16(const uint32_t *qp, int64_t ldq, int64_t ne, int64_t w, const uint16_t *k,
+                                        ptrdiff_t ks, int64_t nk, float scale, float *st, int64_t ld);
 void sdpa__bf16_axpy_rows_avx512bf16(float *o, int64_t nev, float alpha, const uint16_t *p, int64_t cnt,
                                      const uint16_t *v, ptrdiff_t vs);
 #endif

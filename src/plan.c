@@ -2,6 +2,8 @@
  * does not depend on tensor values); no kernel knowledge. */
 #include "internal.h"
 #include "load.h"
+#include "convert.h"
+#include "dispatch.h"
 
 #include <math.h>
 #include <string.h>
@@ -21,6 +23,7 @@ static sdpa__view4 to_view4(const sdpa_tensor *t) {
     memset(&v, 0, sizeof v);
     v.data = (float *)t->data;
     v.dtype = (int32_t)t->dtype;
+    v.cv = NULL;
     if (t->rank == 4) {
         for (int d = 0; d < 4; ++d) {
             v.shape[d] = t->shape[d];
@@ -45,11 +48,22 @@ static sdpa_status expect_dim(const sdpa_tensor *t, const char *name, int d4, in
                       (long long)want);
 }
 
+/* q, k, v, out and bias may each be f32, f16 or bf16 (0.4); weights and lse are f32. */
+static sdpa_status check_input(const sdpa_tensor *t, const char *name, int32_t rank_min, int32_t rank_max) {
+    sdpa_status st = sdpa__check_view(t, FN, name, rank_min, rank_max);
+    return st != SDPA_OK ? st : sdpa__check_dtype_supported(t, FN, name, SDPA__DTYPES_ALL);
+}
+
 /* Check an output view against its expected logical shape (rank of q, or q's rank - 1 for lse). */
 static sdpa_status check_output(const sdpa_tensor *t, const char *name, int32_t rank,
-                                const int64_t *want, const char *const *dims) {
-    sdpa_status st = sdpa__check_tensor(t, FN, name, rank, rank);
+                                const int64_t *want, const char *const *dims, unsigned dtypes) {
+    sdpa_status st = sdpa__check_view(t, FN, name, rank, rank);
     if (st != SDPA_OK)
+        return st;
+    if (dtypes == SDPA__DTYPES_F32 && t->dtype != SDPA_DTYPE_F32)
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: %s.dtype=%s: weights and lse are float32 whatever the dtypes of q, k, v and out",
+                          FN, name, sdpa_dtype_name((sdpa_dtype)t->dtype));
+    if ((st = sdpa__check_dtype_supported(t, FN, name, dtypes)) != SDPA_OK)
         return st;
     for (int32_t d = 0; d < rank; ++d)
         if (t->shape[d] != want[d])
@@ -138,9 +152,9 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     if (k == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: key is NULL", FN);
     if (v == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: value is NULL", FN);
     if (!for_size && out == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: out is NULL", FN);
-    if ((st = sdpa__check_tensor(q, FN, "query", 3, 4)) != SDPA_OK) return st;
-    if ((st = sdpa__check_tensor(k, FN, "key", 3, 4)) != SDPA_OK) return st;
-    if ((st = sdpa__check_tensor(v, FN, "value", 3, 4)) != SDPA_OK) return st;
+    if ((st = check_input(q, "query", 3, 4)) != SDPA_OK) return st;
+    if ((st = check_input(k, "key", 3, 4)) != SDPA_OK) return st;
+    if ((st = check_input(v, "value", 3, 4)) != SDPA_OK) return st;
     if ((st = sdpa__options_read(FN, opt_in, o)) != SDPA_OK) return st;
     if (k->rank != q->rank || v->rank != q->rank)
         return sdpa__fail(SDPA_ERR_RANK, "%s: query.rank=%d, key.rank=%d, value.rank=%d must be equal", FN,
@@ -193,15 +207,15 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
             int64_t a[3] = {p->B, p->L, p->Ev}, b[3] = {p->B, p->L, p->S}, c[2] = {p->B, p->L};
             memcpy(want_out, a, sizeof a); memcpy(want_w, b, sizeof b); memcpy(want_l, c, sizeof c);
         }
-        if ((st = check_output(out, "out", rank, want_out, rank == 4 ? d4 : d3)) != SDPA_OK) return st;
+        if ((st = check_output(out, "out", rank, want_out, rank == 4 ? d4 : d3, SDPA__DTYPES_ALL)) != SDPA_OK) return st;
         p->out = to_view4(out);
         if (weights != NULL) {
-            if ((st = check_output(weights, "weights", rank, want_w, rank == 4 ? w4 : w3)) != SDPA_OK) return st;
+            if ((st = check_output(weights, "weights", rank, want_w, rank == 4 ? w4 : w3, SDPA__DTYPES_F32)) != SDPA_OK) return st;
             p->has_weights = true;
             p->weights = to_view4(weights);
         }
         if (lse != NULL) {
-            if ((st = check_output(lse, "lse", rank - 1, want_l, rank == 4 ? l3 : l2)) != SDPA_OK) return st;
+            if ((st = check_output(lse, "lse", rank - 1, want_l, rank == 4 ? l3 : l2, SDPA__DTYPES_F32)) != SDPA_OK) return st;
             p->has_lse = true;
             p->lse = (float *)lse->data;
             if (rank == 4) {
@@ -238,13 +252,14 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     }
     if (o->bias != NULL) {
         const sdpa_tensor *bt = o->bias;
-        if ((st = sdpa__check_tensor(bt, FN, "bias", 1, 4)) != SDPA_OK) return st;
+        if ((st = check_input(bt, "bias", 1, 4)) != SDPA_OK) return st;
         if ((st = sdpa__broadcast4(FN, "bias", bt->rank, bt->shape, bt->strides, target, p->rules.bias.strides)) != SDPA_OK)
             return st;
         int64_t numel = 1;
         for (int32_t d = 0; d < bt->rank; ++d) numel *= bt->shape[d];
         p->rules.has_bias = numel > 0;
         p->rules.bias.data = bt->data;
+        p->rules.bias.dtype = bt->dtype;
     }
 
     /* Outputs must not overlap inputs or each other. */
@@ -307,6 +322,8 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
         if ((st = sdpa__check_overlaps(FN, in, nin, outs, nout)) != SDPA_OK) return st;
     }
 
+    /* Widening tables of the ISA the kernels will use (dispatch.c; chosen once per process). */
+    p->q.cv = p->k.cv = p->v.cv = sdpa__convert_for_isa((int)sdpa__dispatch_isa());
     p->load_q = sdpa__loader_for(&p->q, SDPA__ADDR_STRIDED);
     const sdpa__addressing kv_addr = o->block_table != NULL ? SDPA__ADDR_PAGED : SDPA__ADDR_STRIDED;
     p->load_k = sdpa__loader_for(&p->k, kv_addr);
@@ -333,6 +350,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     p->dropout_p = o->dropout_p;
     p->dropout_seed = o->dropout_seed;
     p->dropout_offset = o->dropout_offset;
+    p->precision = o->precision == SDPA_PRECISION_REDUCED ? SDPA_PRECISION_REDUCED : SDPA_PRECISION_F32;
     p->row_block = p->L < 64 ? (p->L > 0 ? p->L : 1) : 64;
     /* 0.5: sinks, ALiBi slopes (checked here: O(Hq) values), the call's executor. */
     if (o->sinks != NULL)

@@ -61,19 +61,19 @@ void sdpa__rule_alibi_add(const sdpa__rules *r, int64_t b, int64_t h, int64_t i,
 bool sdpa__rule_allows(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j, int64_t lo, int64_t hi) {
     if (j < lo || j >= hi || (r->has_mask && !sdpa__rule_mask_allows(r, b, h, i, j)))
         return false;
-    return !r->has_bias || !sdpa__rule_bias_blocks(sdpa__rule_bias_row(r, b, h, i)[j * r->bias.strides[3]]);
+    return !r->has_bias || !sdpa__rule_bias_blocks(sdpa__rule_bias_at(r, sdpa__rule_bias_row(r, b, h, i), j));
 }
 
 bool sdpa__rule_row_flags(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t lo, int64_t hi, int64_t j0,
                           int64_t n, uint8_t *allowed) {
     const uint8_t *mrow = r->has_mask ? sdpa__rule_mask_row(r, b, h, i) : NULL;
-    const float *brow = r->has_bias ? sdpa__rule_bias_row(r, b, h, i) : NULL;
-    const int64_t ms3 = r->mask.strides[3], bs3 = r->bias.strides[3];
+    const void *brow = r->has_bias ? sdpa__rule_bias_row(r, b, h, i) : NULL;
+    const int64_t ms3 = r->mask.strides[3];
     bool any = false;
     for (int64_t t = 0; t < n; ++t) {
         const int64_t j = j0 + t;
         const bool ok = j >= lo && j < hi && (mrow == NULL || mrow[j * ms3] != 0) &&
-                        (brow == NULL || !sdpa__rule_bias_blocks(brow[j * bs3]));
+                        (brow == NULL || !sdpa__rule_bias_blocks(sdpa__rule_bias_at(r, brow, j)));
         allowed[t] = ok;
         any = any || ok;
     }

@@ -7,6 +7,7 @@
 #define SDPA_RULES_H
 
 #include "sdpa.h"
+#include "convert.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -17,6 +18,7 @@
 typedef struct sdpa__bcast4 {
     const void *data;
     int64_t strides[4];
+    int32_t dtype; /* bias: sdpa_dtype of its elements (0 = F32); the allow-mask is uint8 */
 } sdpa__bcast4;
 
 /* Everything that decides whether key j may take part in query row (b, h, i). */
@@ -28,7 +30,7 @@ typedef struct sdpa__rules {
     int64_t window_left, window_right;          /* p - left <= j <= p + right; -1 = unbounded */
     const int64_t *key_lengths, *query_lengths; /* [B] or NULL */
     bool has_mask; sdpa__bcast4 mask;           /* uint8, nonzero = allowed */
-    bool has_bias; sdpa__bcast4 bias;           /* float32, -inf blocks */
+    bool has_bias; sdpa__bcast4 bias;           /* f32, f16 or bf16 (widened where read); -inf blocks */
     const float *alibi_slopes;                  /* ALiBi slopes (NULL = none): [Hq] or [B, Hq] */
     int64_t alibi_stride_b;                     /* 0 for [Hq], Hq for [B, Hq] */
 } sdpa__rules;
@@ -73,9 +75,19 @@ static inline const uint8_t *sdpa__rule_mask_row(const sdpa__rules *r, int64_t b
 static inline bool sdpa__rule_mask_allows(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j) {
     return sdpa__rule_mask_row(r, b, h, i)[j * r->mask.strides[3]] != 0;
 }
-/* The bias row of (b, h, i) (element j at j * bias.strides[3]); has_bias must hold. */
-static inline const float *sdpa__rule_bias_row(const sdpa__rules *r, int64_t b, int64_t h, int64_t i) {
-    return (const float *)r->bias.data + b * r->bias.strides[0] + h * r->bias.strides[1] + i * r->bias.strides[2];
+/* The bias row of (b, h, i) (key j read by sdpa__rule_bias_at); has_bias must hold. */
+static inline const void *sdpa__rule_bias_row(const sdpa__rules *r, int64_t b, int64_t h, int64_t i) {
+    const int64_t off = b * r->bias.strides[0] + h * r->bias.strides[1] + i * r->bias.strides[2];
+    return (const char *)r->bias.data + off * (r->bias.dtype == SDPA_DTYPE_F32 ? 4 : 2);
+}
+/* The bias of key j in a bias row, as float32: THE place a bias element is read (f16/bf16
+ * widened exactly, convert.h). */
+static inline float sdpa__rule_bias_at(const sdpa__rules *r, const void *brow, int64_t j) {
+    const int64_t at = j * r->bias.strides[3];
+    if (r->bias.dtype == SDPA_DTYPE_F32)
+        return ((const float *)brow)[at];
+    const uint16_t h = ((const uint16_t *)brow)[at];
+    return r->bias.dtype == SDPA_DTYPE_F16 ? sdpa__f16_to_f32(h) : sdpa__bf16_to_f32(h);
 }
 /* A bias value blocks its key iff it is -inf (any other value is added to the score). */
 static inline bool sdpa__rule_bias_blocks(float bv) { return bv == -INFINITY; }

@@ -48,6 +48,16 @@ void sdpa__clear_error(void) { last_error[0] = '\0'; }
 
 void sdpa__set_kernel(const char *name) { last_kernel = name; }
 
+void sdpa__set_kernel_path(const char *name, const char *tag) {
+    static _Thread_local char path[64];
+    if (tag == NULL || tag[0] == '\0') {
+        last_kernel = name;
+        return;
+    }
+    snprintf(path, sizeof path, "%s%s", name, tag);
+    last_kernel = path;
+}
+
 sdpa_status sdpa__fail_kv_row(int64_t b, int64_t g, int64_t j, bool value) {
     return sdpa__fail(SDPA_ERR_NON_FINITE, "sdpa_attention: %s row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended",
                       value ? "value" : "key", (long long)b, (long long)g, (long long)j);

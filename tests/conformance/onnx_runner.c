@@ -19,7 +19,10 @@
  *   - qk_matmul_output_mode 0/1/2/3 -> weights_stage SCORES/SOFTCAPPED/MASKED/PROBABILITIES.
  *   - softmax_precision is accepted and ignored: libsdpa computes the softmax in float32
  *     (precision 1); the one case with 11 (double) still holds the float32 tolerance.
- *   - float16 cases read the widened .as_f32.f32 copies and use rtol 2e-3 / atol 2e-3.
+ *   - float16 cases read the widened .as_f32.f32 copies and use rtol 2e-3 / atol 2e-3; those
+ *     whose Q, K and V are float16 then run again natively: Q, K, V (past concatenated), a float16
+ *     attn_mask as an f16 bias and Y as float16 views of the raw .f16 files (weights float32),
+ *     Y compared, widened here, with the same tolerance.
  * A case that cannot be expressed counts as failed, never skipped.
  * Prints one line per case and ends with "N passed, M failed"; exits non-zero on any failure.
  */
@@ -33,6 +36,8 @@
 #include "sdpa.h"
 
 #define EXPECTED_CASES 87
+#define EXPECTED_NATIVE_F16 5 /* float16 cases also run natively in float16 */
+static int g_native_f16;
 #define RTOL_F32 1e-4
 #define ATOL_F32 1e-5
 #define RTOL_F16 2e-3
@@ -58,6 +63,7 @@ typedef struct array {
     int64_t shape[MAX_RANK];
     int64_t n;
     float *f;      /* DT_F32, DT_F16 (widened) */
+    uint16_t *h;   /* DT_F16: the raw binary16 encodings of `file` */
     uint8_t *u8;   /* DT_BOOL */
     int64_t *i64;  /* DT_I64 */
 } array;
@@ -96,6 +102,7 @@ static void add_reason(reason *r, const char *piece)
 static void free_array(array *a)
 {
     free(a->f);
+    free(a->h);
     free(a->u8);
     free(a->i64);
     memset(a, 0, sizeof *a);
@@ -221,6 +228,23 @@ static int load_array(const char *case_dir, const cJSON *desc, array *a, int *an
     if (rc != 0) {
         snprintf(err, errlen, "out of memory");
         return -1;
+    }
+    if (a->dtype == DT_F16) { /* the raw encodings too, for the native float16 run */
+        if (strchr(file->valuestring, '/') || !(path = conf_path_join(case_dir, file->valuestring))) {
+            snprintf(err, errlen, "bad float16 file name %s", file->valuestring);
+            return -1;
+        }
+        bytes = conf_read_file(path, &size, err, errlen);
+        free(path);
+        if (!bytes)
+            return -1;
+        if (size != (size_t)a->n * 2 || !(a->h = dup_bytes(bytes, size))) {
+            snprintf(err, errlen, "%s holds %zu bytes, expected %lld float16 elements", file->valuestring, size,
+                     (long long)a->n);
+            free(bytes);
+            return -1;
+        }
+        free(bytes);
     }
     a->present = 1;
     return 0;
@@ -374,6 +398,43 @@ static float *concat_seq(const float *past, int64_t P, const sdpa_tensor *cur)
     return out;
 }
 
+/* IEEE binary16 -> float (by its definition; the runner's own, independent of the library). */
+static float f16_value(uint16_t h)
+{
+    const int e = (h >> 10) & 31, m = h & 1023;
+    double x = e == 31 ? (m ? NAN : INFINITY) : e == 0 ? ldexp((double)m, -24) : ldexp(1.0 + m / 1024.0, e - 15);
+    return (float)((h & 0x8000) ? -x : x);
+}
+
+/* The float16 twin of a float32 view: same shape and strides over f16 data. */
+static void f16_twin(sdpa_tensor *t, const sdpa_tensor *f32view, const uint16_t *data)
+{
+    *t = *f32view;
+    t->data = (void *)(uintptr_t)data;
+    t->dtype = SDPA_DTYPE_F16;
+}
+
+/* concat_seq over float16 encodings (cur: a float16 view). */
+static uint16_t *concat_seq16(const uint16_t *past, int64_t P, const sdpa_tensor *cur)
+{
+    const int64_t B = cur->shape[0], H = cur->shape[1], S = cur->shape[2], D = cur->shape[3];
+    const int64_t T = P + S;
+    size_t n = (size_t)(B * H * T * D);
+    uint16_t *out = malloc(n ? n * sizeof(uint16_t) : 1);
+    const uint16_t *c = cur->data;
+    if (!out)
+        return NULL;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t d = 0; d < D; d++)
+                    out[((b * H + h) * T + t) * D + d] =
+                        t < P ? past[((b * H + h) * P + t) * D + d]
+                              : c[b * cur->strides[0] + h * cur->strides[1] + (t - P) * cur->strides[2] +
+                                  d * cur->strides[3]];
+    return out;
+}
+
 static int shape_is(const array *a, int rank, const int64_t *shape)
 {
     return conf_same_shape(a->rank, a->shape, rank, shape);
@@ -439,6 +500,9 @@ static int run_case(const char *case_dir, const char *name)
 
     float *kcat = NULL, *vcat = NULL, *mask_f_pad = NULL, *y_buf = NULL, *w_buf = NULL;
     uint8_t *mask_b_pad = NULL;
+    uint16_t *kcat16 = NULL, *vcat16 = NULL, *mask_h_pad = NULL, *y16 = NULL;
+    float *y16f = NULL, *w16buf = NULL;
+    int native16 = 0;
     int64_t *offsets = NULL;
     cJSON *meta = NULL;
 
@@ -753,6 +817,85 @@ static int run_case(const char *case_dir, const char *name)
 
     /* ---- compare */
     failed |= compare_output("Y", y_buf, EY, rtol, atol, &r, &max_err);
+
+    /* ---- float16 natively: the raw encodings, float16 Y (and bias), float32 weights */
+    if (c.any_f16 && Q->dtype == DT_F16 && K->dtype == DT_F16 && V->dtype == DT_F16 &&
+        (!PK->present || (PK->dtype == DT_F16 && PV->dtype == DT_F16)) &&
+        (!M->present || M->dtype != DT_F32)) {
+        sdpa_tensor q16, k16, v16, y16v, b16v, w16v;
+        sdpa_tensor k16c, v16c;
+        make_bhsd_view(&k16c, NULL, is3d, B, Hkv, Skv, Dk);
+        make_bhsd_view(&v16c, NULL, is3d, B, Hkv, Skv, Dv);
+        make_bhsd_view(&q16, NULL, is3d, B, Hq, Sq, Dk);
+        f16_twin(&q16, &q16, Q->h);
+        f16_twin(&k16c, &k16c, K->h);
+        f16_twin(&v16c, &v16c, V->h);
+        f16_twin(&k16, &kv, NULL);
+        f16_twin(&v16, &vv, NULL);
+        if (PK->present) {
+            kcat16 = concat_seq16(PK->h, P, &k16c);
+            vcat16 = concat_seq16(PV->h, P, &v16c);
+            if (!kcat16 || !vcat16) {
+                snprintf(err, sizeof err, "out of memory");
+                goto fail_err;
+            }
+            k16.data = kcat16;
+            v16.data = vcat16;
+        } else {
+            k16 = k16c;
+            v16 = v16c;
+        }
+        sdpa_options opt16 = opt;
+        if (M->present && M->dtype == DT_F16) {
+            const int64_t Tm = M->shape[M->rank - 1];
+            const uint16_t *bdata = M->h;
+            if (Tm < T && c.opset >= 24) { /* the same -inf padding, in float16 (0xFC00) */
+                const int64_t rows = Tm > 0 ? M->n / Tm : 0;
+                if (!(mask_h_pad = malloc((size_t)(rows * T > 0 ? rows * T : 1) * sizeof(uint16_t)))) {
+                    snprintf(err, sizeof err, "out of memory");
+                    goto fail_err;
+                }
+                for (int64_t i = 0; i < rows; i++)
+                    for (int64_t j = 0; j < T; j++)
+                        mask_h_pad[i * T + j] = j < Tm ? M->h[i * Tm + j] : (uint16_t)0xFC00;
+                bdata = mask_h_pad;
+            }
+            f16_twin(&b16v, &bias_view, bdata);
+            opt16.bias = &b16v;
+        }
+        if (!(y16 = malloc((size_t)(EY->n ? EY->n : 1) * sizeof(uint16_t))) || !(y16f = alloc_nan(EY->n, err, sizeof err))) {
+            snprintf(err, sizeof err, "out of memory");
+            goto fail_err;
+        }
+        for (int64_t i = 0; i < EY->n; i++)
+            y16[i] = 0x7E00; /* NaN: what the call does not write fails the comparison */
+        f16_twin(&y16v, &yv, y16);
+        const sdpa_tensor *w16 = NULL;
+        if (weights) {
+            if (!(w16buf = alloc_nan(EW->n, err, sizeof err)))
+                goto fail_err;
+            w16v = wv;
+            w16v.data = w16buf;
+            w16 = &w16v;
+        }
+        st = sdpa_attention(&q16, &k16, &v16, &opt16, &y16v, w16, NULL);
+        if (st != SDPA_OK) {
+            snprintf(err, sizeof err, "native float16 sdpa_attention returned %s: %s", sdpa_status_string(st),
+                     sdpa_last_error_message());
+            goto fail_err;
+        }
+        if (strstr(sdpa_last_kernel(), "-f16") == NULL) {
+            snprintf(err, sizeof err, "native float16 run reports kernel %s", sdpa_last_kernel());
+            goto fail_err;
+        }
+        for (int64_t i = 0; i < EY->n; i++)
+            y16f[i] = f16_value(y16[i]);
+        failed |= compare_output("Y (native float16)", y16f, EY, rtol, atol, &r, &max_err);
+        if (w16)
+            failed |= compare_output("qk_matmul_output (native float16)", w16buf, EW, rtol, atol, &r, &max_err);
+        native16 = 1;
+        g_native_f16++;
+    }
     if (EW->present)
         failed |= compare_output("qk_matmul_output", w_buf, EW, rtol, atol, &r, &max_err);
     if (pres_buf[0])
@@ -768,7 +911,9 @@ static int run_case(const char *case_dir, const char *name)
         char qs[64];
         shape_str(qs, sizeof qs, Q->shape, Q->rank);
         printf("ok   %s (max abs err %.3g%s%s)\n", name, max_err,
-               c.any_f16 ? ", float16 via float32, tol 2e-3" : "",
+               c.any_f16 ? (native16 ? ", float16 via float32 and natively in float16, tol 2e-3"
+                                     : ", float16 via float32, tol 2e-3")
+                         : "",
                c.softmax_precision && c.softmax_precision != 1
                    ? ", softmax_precision computed in float32"
                    : "");
@@ -784,6 +929,12 @@ done:
     free(vcat);
     free(mask_f_pad);
     free(mask_b_pad);
+    free(kcat16);
+    free(vcat16);
+    free(mask_h_pad);
+    free(y16);
+    free(y16f);
+    free(w16buf);
     free(y_buf);
     free(w_buf);
     free(offsets);
@@ -846,6 +997,8 @@ int main(int argc, char **argv)
     fflush(stdout);
     if (total != EXPECTED_CASES)
         printf("FAIL: found %d case directories, expected %d\n", total, EXPECTED_CASES);
-    printf("%d passed, %d failed\n", passed, failed_n);
-    return (failed_n > 0 || total != EXPECTED_CASES || listing_failed) ? 1 : 0;
+    if (g_native_f16 != EXPECTED_NATIVE_F16)
+        printf("FAIL: %d float16 cases ran natively in float16, expected %d\n", g_native_f16, EXPECTED_NATIVE_F16);
+    printf("%d passed, %d failed (%d float16 cases also natively in float16)\n", passed, failed_n, g_native_f16);
+    return (failed_n > 0 || total != EXPECTED_CASES || listing_failed || g_native_f16 != EXPECTED_NATIVE_F16) ? 1 : 0;
 }
