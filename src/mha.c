@@ -968,6 +968,12 @@ SDPA_API sdpa_status sdpa_mha_forward(const sdpa_mha_params *params, const sdpa_
             return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", fn, pl.total);
         ws = (unsigned char *)owned;
     }
+    /* The projections are BLAS GEMMs: fail here, before anything is written, if the BLAS could
+     * not get its own buffer (OpenBLAS would retry forever). */
+    if (!sdpa__matmul_memory_available()) {
+        free(owned);
+        return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: the BLAS library cannot obtain its GEMM buffer (address space or commit limit)", fn);
+    }
     ws = (unsigned char *)(((uintptr_t)ws + (MHA_ALIGN - 1)) & ~(uintptr_t)(MHA_ALIGN - 1));
     float *pack = (float *)(ws + pl.reg_off[R_PACK]);
 
