@@ -94,7 +94,7 @@ class Worker:
             raise SystemExit(f"baseline suites fail (fix them first):\n{out[-3000:]}")
 
     def test(self):
-        cmd = ["meson", "test", "-C", "build", "--no-rebuild", "-j1", "--timeout-multiplier", "1"]
+        cmd = ["meson", "test", "-C", "build", "--no-rebuild", "--num-processes", "1"]
         for s in self.suites:
             cmd += ["--suite", s]
         return run(cmd, self.dir, 900)
