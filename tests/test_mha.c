@@ -1471,8 +1471,9 @@ static void mha_out_projection_overflow_is_recomputed_in_double(void **state)
 }
 
 /* The double-precision recomputation of an overflowing output-projection row keeps
- * out_proj_bias: with v = 3.2e38 per element and W_o rows of +1/-1 halves (float32: inf - inf),
- * each output element equals the double sum W_o v + b_o, the bias included. */
+ * out_proj_bias: with v = 3.2e38 per element, W_o rows of +1/-1 halves and a last row of +1
+ * (its element is +inf, so the row is recomputed), each output element equals the double sum
+ * W_o v + b_o rounded to float32, the bias included. */
 static void mha_out_projection_overflow_keeps_the_bias(void **state)
 {
     (void)state;
@@ -1483,9 +1484,11 @@ static void mha_out_projection_overflow_keeps_the_bias(void **state)
         for (int c = 0; c < E; ++c)
             w_in[r * E + c] = 4e37f;
     for (int r = 0; r < E; ++r) {
-        for (int c = 0; c < E; ++c)
-            w_out[r * E + c] = c < E / 2 ? 1.0f : -1.0f;
-        b_out[r] = 0.25f * (float)(r + 1) - 1.0f; /* -0.75, -0.5, ..., 1.0: 0 included */
+        for (int c = 0; c < E; ++c) /* the last row sums to +inf: that forces the recomputation */
+            w_out[r * E + c] = r == E - 1 || c < E / 2 ? 1.0f : -1.0f;
+        /* -3e30 .. 4e30 (0 included): large enough to survive next to the 6.4e38 partial sums
+         * of a double accumulation (their ulp is ~1.4e23), small enough to stay finite */
+        b_out[r] = 1e30f * (float)(r - 3);
     }
     for (int t = 0; t < B * L * E; ++t)
         x[t] = 1.0f;
