@@ -32,6 +32,8 @@ static sdpa_status check_alignment(const char *fn, sdpa_alignment a) {
  * p = i + shift, lo = p - left (left < 0: unbounded), hi = p + right (right < 0: unbounded). */
 static void fill_band(uint8_t *out, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t shift,
                       int64_t left, int64_t right) {
+    if (cols <= 0)
+        return; /* nothing to write, however many rows (L may be INT64_MAX when S = 0) */
     for (int64_t i = 0; i < rows; ++i) {
         uint8_t *row = out + (r0 + i) * ld + c0;
         const int64_t pos = i + shift;

@@ -708,6 +708,21 @@ static void mask_padding_builder_matches_key_lengths_option(void **state)
     }
 }
 
+/* A builder with no key column returns at once however many rows it is given (found by the
+ * fuzzer: L = INT64_MAX with S = 0 looped over every row). A hang here is a test timeout. */
+static void mask_builders_with_no_columns_return_at_once(void **state)
+{
+    (void)state;
+    uint8_t out[4] = {7, 7, 7, 7};
+    assert_int_equal(sdpa_mask_causal(out, INT64_MAX, 0, SDPA_ALIGN_TOP_LEFT), SDPA_OK);
+    assert_int_equal(sdpa_mask_causal(out, INT64_MAX, 0, SDPA_ALIGN_BOTTOM_RIGHT), SDPA_OK);
+    assert_int_equal(sdpa_mask_sliding_window(out, INT64_MAX, 0, 1, 5, SDPA_ALIGN_BOTTOM_RIGHT), SDPA_OK);
+    const int64_t cq[2] = {0, INT64_MAX}, ck[2] = {0, 0};
+    assert_int_equal(sdpa_mask_block_diagonal(out, 1, cq, ck, 1, SDPA_ALIGN_TOP_LEFT), SDPA_OK);
+    for (int t = 0; t < 4; ++t)
+        assert_int_equal(out[t], 7);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -731,6 +746,7 @@ int main(void)
         cmocka_unit_test(mask_count_empty_rows_rejects_reserved_and_entries_beyond_rank),
         cmocka_unit_test(mask_converters_reject_overlap_and_leave_out_untouched),
         cmocka_unit_test(mask_padding_builder_matches_key_lengths_option),
+        cmocka_unit_test(mask_builders_with_no_columns_return_at_once),
     };
     return cmocka_run_group_tests_name("mask", tests, NULL, NULL);
 }
