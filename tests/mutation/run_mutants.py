@@ -107,7 +107,7 @@ class Worker:
                 if any(suite.endswith(":" + s) or (":" + s + "+") in suite or suite.endswith("+" + s)
                        for s in self.suites) and name.strip() not in self.exclude:
                     self.names.append(name.strip())
-        cmd = ["meson", "test", "-C", "build", "--no-rebuild", "--num-processes", "1"] + self.names
+        cmd = ["meson", "test", "-C", "build", "--no-rebuild", "--num-processes", "2", "--maxfail", "1"] + self.names
         return run(cmd, self.dir, 900)
 
     def try_mutant(self, m):

@@ -132,7 +132,8 @@ static int extent(int rank, const int64_t *shape, const int64_t *strides, int64_
         if (t < 0 ? __builtin_add_overflow(*lo, t, lo) : __builtin_add_overflow(*hi, t, hi))
             return 0;
     }
-    return 1;
+    int64_t span;
+    return !__builtin_sub_overflow(*hi, *lo, &span) && span < INT64_MAX; /* hi - lo + 1 fits */
 }
 
 /* Decode a view of rank `rank` (shape suggestion `want` where not NULL) over an arena of `cap`
@@ -222,7 +223,7 @@ static int known(sdpa_status s)
 /* Mark the bytes of an output view as covered. */
 static void cover(const sdpa_tensor *t)
 {
-    if (!t || t->rank < 1 || t->rank > SDPA_MAX_RANK)
+    if (!t || t->rank < 1 || t->rank > SDPA_MAX_RANK || t->data == NULL)
         return;
     int64_t lo, hi, n;
     if (!extent(t->rank, t->shape, t->strides, &lo, &hi, &n) || n == 0)
@@ -272,7 +273,8 @@ static ref_view ref4(const sdpa_tensor *t)
 {
     ref_view v;
     memset(&v, 0, sizeof v);
-    v.data = g_din + ((const float *)t->data - g_in);
+    const float *src = (const float *)t->data;
+    v.data = src != NULL && src >= g_in && src < g_in + NF ? g_din + (src - g_in) : g_din; /* NULL: an empty view */
     v.rank = 4;
     if (t->rank == 3) {
         v.shape[0] = t->shape[0], v.shape[1] = 1, v.shape[2] = t->shape[1], v.shape[3] = t->shape[2];
@@ -626,16 +628,27 @@ static void fuzz_mha(rd *r)
     for (int t = u8(r) % 3; t > 0 && u8(r) > 220; --t)
         g_in[u32(r) % NF] = NAN;
     memcpy(g_in_copy, g_in, sizeof g_in);
+    /* the structs in 512-byte buffers, as a caller compiled against a larger header has them */
+    static unsigned char pbuf[512], obuf[512];
+    memset(pbuf, 0, sizeof pbuf);
+    memset(obuf, 0, sizeof obuf);
+    memcpy(pbuf, &prm, sizeof prm);
+    memcpy(obuf, &mo, sizeof mo);
+    if (u8(r) > 245)
+        pbuf[sizeof prm + u8(r) % 64] = 1;
+    if (u8(r) > 245)
+        obuf[sizeof mo + u8(r) % 64] = 1;
+    const sdpa_mha_params *pp = (const sdpa_mha_params *)(void *)pbuf;
+    const sdpa_mha_options *po = u8(r) > 250 ? NULL : (const sdpa_mha_options *)(void *)obuf;
     size_t bytes;
-    sdpa_status wst = sdpa_mha_workspace_size(&prm, &x.t, self ? &x.t : &kx.t, self ? &x.t : &vx.t, u8(r) > 250 ? NULL : &mo,
-                                              want_w, &bytes);
+    sdpa_status wst = sdpa_mha_workspace_size(pp, &x.t, self ? &x.t : &kx.t, self ? &x.t : &vx.t, po, want_w, &bytes);
     FUZZ_ASSERT(known(wst), "mha_workspace_size: status %d", (int)wst);
     memset(g_out, 0xA5, sizeof g_out);
     memset(g_cover, 0, sizeof g_cover);
     cover(&out.t);
     if (want_w)
         cover(&aw.t);
-    sdpa_status st = sdpa_mha_forward(&prm, &x.t, self ? &x.t : &kx.t, self ? &x.t : &vx.t, &mo, &out.t, want_w ? &aw.t : NULL);
+    sdpa_status st = sdpa_mha_forward(pp, &x.t, self ? &x.t : &kx.t, self ? &x.t : &vx.t, po, &out.t, want_w ? &aw.t : NULL);
     check_outcome("sdpa_mha_forward", st);
     FUZZ_ASSERT(inputs_untouched(), "sdpa_mha_forward wrote an input");
 }

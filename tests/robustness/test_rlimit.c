@@ -8,7 +8,8 @@
  *   2. sdpa_mha_forward, E = 64, 2 heads, L = S = 128;
  *   3. the same MHA call with 1 GiB of headroom must succeed (the probe is not over-eager).
  * Each must end with SDPA_OK or SDPA_ERR_OUT_OF_MEMORY (outputs untouched then) within the alarm.
- * Not run under AddressSanitizer (its shadow memory cannot live under an address-space limit).
+ * Not run under AddressSanitizer or ThreadSanitizer (their shadow memory cannot live under an
+ * address-space limit).
  */
 #include <signal.h>
 #include <stdint.h>
@@ -155,7 +156,7 @@ static void expect_returns(const char *what, int (*fn)(void), size_t headroom, i
         RB_FAIL("%s: expected SDPA_OK with %zu MiB of headroom", what, headroom >> 20);
 }
 
-#if defined(RB_ASAN)
+#if defined(RB_ASAN) || defined(RB_TSAN)
 static const int under_asan = 1;
 #else
 static const int under_asan = 0;
@@ -167,7 +168,7 @@ int main(int argc, char **argv)
      * kernel, which stops using BLAS with the micro-kernel restructuring); default both. */
     const char *which = argc > 1 ? argv[1] : "all";
     if (under_asan) {
-        printf("test_rlimit %s: not run (AddressSanitizer build: its shadow memory cannot live under RLIMIT_AS)\n", which);
+        printf("test_rlimit %s: not run (AddressSanitizer / ThreadSanitizer build: their shadow memory cannot live under RLIMIT_AS)\n", which);
         return 77;
     }
     const size_t small = (size_t)HEADROOM_MIB << 20, big = (size_t)1 << 30;
