@@ -137,18 +137,27 @@ static int in_blas(void *pc)
     return dladdr(pc, &info) && info.dli_fname && strstr(info.dli_fname, "blas") != NULL;
 }
 
-/* 1 = this allocation must fail. */
+/* Whether code at `pc` is libsdpa's: only its allocations are counted, failed and tracked
+ * (libc's own, e.g. pthread_getattr_np in a starting thread, and a sanitizer runtime's are not). */
+static int in_sdpa(void *pc)
+{
+    Dl_info info;
+    return dladdr(pc, &info) && info.dli_fname && strstr(info.dli_fname, "libsdpa") != NULL;
+}
+
+/* Per allocation call: 0 = not libsdpa's, 1 = libsdpa's (count and track), 2 = fail it. */
 #define inject() inject_from(__builtin_return_address(0))
 static int inject_from(void *caller)
 {
     if (!atomic_load(&g_armed))
         return 0;
-    if (in_blas(caller)) {
-        atomic_fetch_add(&g_blas_allocs, 1);
+    if (!in_sdpa(caller)) {
+        if (in_blas(caller))
+            atomic_fetch_add(&g_blas_allocs, 1);
         return 0;
     }
     long k = atomic_fetch_add(&g_allocs, 1) + 1;
-    return k == g_fail_alloc;
+    return k == g_fail_alloc ? 2 : 1;
 }
 
 void *malloc(size_t n)
@@ -156,10 +165,11 @@ void *malloc(size_t n)
     resolve();
     if (!real_malloc)
         return boot_alloc(n);
-    if (inject())
+    const int k = inject();
+    if (k == 2)
         return NULL;
     void *p = real_malloc(n);
-    if (atomic_load(&g_armed))
+    if (k == 1)
         track(p);
     return p;
 }
@@ -173,10 +183,11 @@ void *calloc(size_t a, size_t b)
             memset(p, 0, a * b);
         return p;
     }
-    if (inject())
+    const int k = inject();
+    if (k == 2)
         return NULL;
     void *p = real_calloc(a, b);
-    if (atomic_load(&g_armed))
+    if (k == 1)
         track(p);
     return p;
 }
@@ -190,12 +201,14 @@ void *realloc(void *old, size_t n)
             memcpy(p, old, n); /* the arena block is at least as large as what it held */
         return p;
     }
-    if (inject())
+    const int k = inject();
+    if (k == 2)
         return NULL;
     void *p = real_realloc(old, n);
     if (atomic_load(&g_armed) && p) {
         untrack(old);
-        track(p);
+        if (k == 1)
+            track(p);
     }
     return p;
 }
@@ -203,10 +216,11 @@ void *realloc(void *old, size_t n)
 int posix_memalign(void **out, size_t align, size_t n)
 {
     resolve();
-    if (inject())
+    const int k = inject();
+    if (k == 2)
         return ENOMEM;
     int rc = real_posix_memalign(out, align, n);
-    if (rc == 0 && atomic_load(&g_armed))
+    if (rc == 0 && k == 1)
         track(*out);
     return rc;
 }
@@ -214,10 +228,11 @@ int posix_memalign(void **out, size_t align, size_t n)
 void *aligned_alloc(size_t align, size_t n)
 {
     resolve();
-    if (inject())
+    const int k = inject();
+    if (k == 2)
         return NULL;
     void *p = real_aligned_alloc(align, n);
-    if (atomic_load(&g_armed))
+    if (k == 1)
         track(p);
     return p;
 }
@@ -235,7 +250,7 @@ void free(void *p)
 int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
 {
     resolve();
-    if (atomic_load(&g_armed)) {
+    if (atomic_load(&g_armed) && in_sdpa(__builtin_return_address(0))) {
         long k = atomic_fetch_add(&g_threads, 1) + 1;
         if (g_fail_thread == -1 || k == g_fail_thread)
             return EAGAIN;
