@@ -833,14 +833,15 @@ static void kernels_first_failure_is_reported_for_any_thread_count(void **state)
     free(out);
 }
 
-/* First-failure order when check threads really overlap: kv head 0 (the lowest task) fails
- * late (its last value row, after scanning 32768 key and value rows), kv head 1 fails at once
- * (its first query row). With 2 or 3 threads the second task starts and fails while the first
- * is still scanning, so both record a failure; the lower task's must be reported. */
+/* First-failure order when check threads really overlap: of 8 kv-head tasks, task 3 fails
+ * late (its last value row, after scanning 8192 key and value rows) and tasks 4-7 fail at once
+ * (their first query row). With 2 or 3 threads, tasks 4-7 start and fail while task 3 is still
+ * scanning, on threads in any order, so several threads record a failure; the lowest task's
+ * must be reported (not the first in time, nor the lowest thread's). */
 static void kernels_first_failure_wins_when_check_threads_overlap(void **state)
 {
     (void)state;
-    const int64_t B = 1, H = 2, L = 8, S = 32768, E = 64;
+    const int64_t B = 1, H = 8, L = 8, S = 8192, E = 32;
     const size_t nq = (size_t)(B * H * L * E), nk = (size_t)(B * H * S * E);
     float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
     float *out = malloc(nq * sizeof(float));
@@ -850,12 +851,13 @@ static void kernels_first_failure_wins_when_check_threads_overlap(void **state)
     tc_fill_uniform(q, (int64_t)nq, &r, -1, 1);
     tc_fill_uniform(k, (int64_t)nk, &r, -1, 1);
     tc_fill_uniform(v, (int64_t)nk, &r, -1, 1);
-    v[((0 * H + 0) * S + (S - 1)) * E + (E - 1)] = NAN; /* task 0: its very last value */
-    q[((0 * H + 1) * L + 0) * E + 0] = NAN;             /* task 1: its first query row */
+    v[((0 * H + 3) * S + (S - 1)) * E + (E - 1)] = NAN; /* task 3: its very last value */
+    for (int64_t h = 4; h < H; ++h)
+        q[((0 * H + h) * L + 0) * E + 0] = NAN; /* tasks 4-7: their first query row */
     sdpa_tensor tq = tc_view4(q, B, H, L, E), tk = tc_view4(k, B, H, S, E), tv = tc_view4(v, B, H, S, E);
     sdpa_tensor to = tc_view4(out, B, H, L, E);
-    const char *want = "value row (b=0,h=0,j=32767)";
-    for (int rep = 0; rep < 3; ++rep) {
+    const char *want = "value row (b=0,h=3,j=8191)";
+    for (int rep = 0; rep < 12; ++rep) {
         for (int kk = 0; kk < N_PATHS; ++kk) {
             for (int threads = 2; threads <= 3; ++threads) {
                 sdpa_options o;

@@ -230,6 +230,12 @@ static void cover(const sdpa_tensor *t)
         return;
     int64_t idx[SDPA_MAX_RANK] = {0};
     const int64_t base = (const float *)t->data - g_out;
+    if (n > NOUT) { /* zero strides: many elements on few addresses; mark the whole extent */
+        for (int64_t off = base + lo; off <= base + hi; ++off)
+            if (off >= 0 && off < NOUT)
+                memset(g_cover + off * 4, 1, 4);
+        return;
+    }
     for (;;) {
         int64_t off = base;
         for (int d = 0; d < t->rank; ++d)
