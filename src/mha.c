@@ -235,7 +235,8 @@ static void make_proj(mha_proj *pr, const sdpa_tensor *x, const sdpa_tensor *w, 
 static sdpa__mat proj_a(const mha_proj *pr, int64_t B, int64_t b) {
     const sdpa_tensor *x = pr->x;
     sdpa__mat a;
-    a.data = (float *)x->data + (pr->order == ORDER_BATCH ? b * x->strides[0] : 0);
+    /* An empty input (S = 0) may have NULL data: no arithmetic on it (UB even for + 0). */
+    a.data = x->data == NULL ? NULL : (float *)x->data + (pr->order == ORDER_BATCH ? b * x->strides[0] : 0);
     a.cols = pr->in;
     a.col_stride = x->strides[2];
     if (pr->order == ORDER_BATCH) {
