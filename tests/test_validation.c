@@ -1019,6 +1019,22 @@ static void check_fail_every_kernel(fx *f, sdpa_status expected, const char *wan
 
 /* The K-row scan covers all E elements: a NaN in the last one (e = E-1) of an attended key
  * row is reported, without and with a mask (the two scan paths), on every kernel. */
+/* Flags documented as 0 or 1 reject every other value (causal 2 is not "more causal"). */
+static void validation_causal_must_be_0_or_1(void **state)
+{
+    (void)state;
+    const int32_t bad[4] = {2, -1, 255, INT32_MAX};
+    for (int t = 0; t < 4; ++t) {
+        fx *f = fx_new();
+        f->opt.causal = bad[t];
+        CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "causal not 0/1");
+        if (!strstr(sdpa_last_error_message(), "causal")) {
+            fail_msg("message does not name causal: \"%s\"", sdpa_last_error_message());
+        }
+        free(f);
+    }
+}
+
 static void validation_nan_in_last_element_of_key_row_is_rejected(void **state)
 {
     (void)state;
@@ -1525,6 +1541,7 @@ int main(void)
         cmocka_unit_test(validation_workspace_does_not_grow_with_l_times_s),
         cmocka_unit_test(validation_empty_row_error_names_the_row),
         cmocka_unit_test(validation_non_finite_inputs_are_rejected),
+        cmocka_unit_test(validation_causal_must_be_0_or_1),
         cmocka_unit_test(validation_nan_in_last_element_of_key_row_is_rejected),
         cmocka_unit_test(validation_nan_in_value_row_with_mask_or_bias_is_rejected),
         cmocka_unit_test(validation_negative_strides_count_in_the_extent),
