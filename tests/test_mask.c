@@ -721,6 +721,19 @@ static void mask_builders_with_no_columns_return_at_once(void **state)
     assert_int_equal(sdpa_mask_block_diagonal(out, 1, cq, ck, 1, SDPA_ALIGN_TOP_LEFT), SDPA_OK);
     for (int t = 0; t < 4; ++t)
         assert_int_equal(out[t], 7);
+    /* counting the empty rows of a mask with no key column: every row, without visiting them */
+    sdpa_allow_mask m;
+    const int64_t shape[2] = {(int64_t)1 << 40, 0};
+    assert_int_equal(sdpa_allow_mask_init(&m, out, 2, shape), SDPA_OK);
+    int64_t empty = -5, first = -5;
+    assert_int_equal(sdpa_mask_count_empty_rows(&m, &empty, &first), SDPA_OK);
+    assert_true(empty == ((int64_t)1 << 40) && first == 0);
+    memset(&m, 0, sizeof m); /* [2^40, 2^40, 0]: its rows overflow int64 */
+    m.data = out;
+    m.rank = 3;
+    m.shape[0] = m.shape[1] = (int64_t)1 << 40;
+    m.strides[2] = 1;
+    assert_int_equal(sdpa_mask_count_empty_rows(&m, &empty, &first), SDPA_ERR_SIZE_OVERFLOW);
 }
 
 int main(void)
