@@ -833,15 +833,16 @@ static void kernels_first_failure_is_reported_for_any_thread_count(void **state)
     free(out);
 }
 
-/* First-failure order when check threads really overlap: of 8 kv-head tasks, task 3 fails
- * late (its last value row, after scanning 8192 key and value rows) and tasks 4-7 fail at once
- * (their first query row). With 2 or 3 threads, tasks 4-7 start and fail while task 3 is still
- * scanning, on threads in any order, so several threads record a failure; the lowest task's
- * must be reported (not the first in time, nor the lowest thread's). */
+/* First-failure order when check threads really overlap: 4 batch tasks scan 32768 key and
+ * value rows each; tasks 0 and 1 pass, task 2 fails late (its last value row) and task 3 fails
+ * at once (its first query row). With 3 threads, tasks 0-2 start together and task 3 goes to
+ * whichever of threads 0 and 1 finishes first, so it fails while task 2 is still scanning, on a
+ * lower-numbered thread: the lowest task's failure must be reported (not the first in time, nor
+ * the lowest thread's). 2 threads overlap the same way about half the time. */
 static void kernels_first_failure_wins_when_check_threads_overlap(void **state)
 {
     (void)state;
-    const int64_t B = 1, H = 8, L = 8, S = 8192, E = 32;
+    const int64_t B = 4, H = 1, L = 4, S = 32768, E = 32;
     const size_t nq = (size_t)(B * H * L * E), nk = (size_t)(B * H * S * E);
     float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
     float *out = malloc(nq * sizeof(float));
@@ -851,13 +852,12 @@ static void kernels_first_failure_wins_when_check_threads_overlap(void **state)
     tc_fill_uniform(q, (int64_t)nq, &r, -1, 1);
     tc_fill_uniform(k, (int64_t)nk, &r, -1, 1);
     tc_fill_uniform(v, (int64_t)nk, &r, -1, 1);
-    v[((0 * H + 3) * S + (S - 1)) * E + (E - 1)] = NAN; /* task 3: its very last value */
-    for (int64_t h = 4; h < H; ++h)
-        q[((0 * H + h) * L + 0) * E + 0] = NAN; /* tasks 4-7: their first query row */
+    v[((2 * H + 0) * S + (S - 1)) * E + (E - 1)] = NAN; /* task 2: its very last value */
+    q[((3 * H + 0) * L + 0) * E + 0] = NAN;             /* task 3: its first query row */
     sdpa_tensor tq = tc_view4(q, B, H, L, E), tk = tc_view4(k, B, H, S, E), tv = tc_view4(v, B, H, S, E);
     sdpa_tensor to = tc_view4(out, B, H, L, E);
-    const char *want = "value row (b=0,h=3,j=8191)";
-    for (int rep = 0; rep < 12; ++rep) {
+    const char *want = "value row (b=2,h=0,j=32767)";
+    for (int rep = 0; rep < 6; ++rep) {
         for (int kk = 0; kk < N_PATHS; ++kk) {
             for (int threads = 2; threads <= 3; ++threads) {
                 sdpa_options o;
