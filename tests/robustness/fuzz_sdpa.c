@@ -872,7 +872,8 @@ static void fuzz_masks(rd *r)
         if (which == 9) {
             int64_t e = -5, f = -5, rows = 1;
             for (int d = 0; d + 1 < a.rank && d < 4; ++d)
-                rows = a.shape[d] > 0 && rows < (1 << 22) ? rows * a.shape[d] : rows;
+                if (a.shape[d] > 0 && __builtin_mul_overflow(rows, a.shape[d], &rows))
+                    rows = INT64_MAX;
             if (a.rank >= 1 && a.rank <= 4 && a.shape[a.rank - 1] > 0 && rows >= (1 << 22))
                 return; /* valid, but that many rows take that long (zero strides) */
             memset(g_cover, 0, sizeof g_cover);
