@@ -996,7 +996,13 @@ static inline void sdpa_mha_options_init(sdpa_mha_options *options) {
  *         vdim or GQA), SDPA_ERR_BROADCAST, SDPA_ERR_STRIDE, SDPA_ERR_OVERLAP,
  *         SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_DTYPE, SDPA_ERR_INVALID_ARGUMENT (flags, dropout_p,
  *         lengths), SDPA_ERR_EMPTY_ROW, SDPA_ERR_NON_FINITE, SDPA_ERR_WORKSPACE_TOO_SMALL,
- *         SDPA_ERR_OUT_OF_MEMORY. On failure nothing is written.
+ *         SDPA_ERR_OUT_OF_MEMORY (workspace allocation failed, or the BLAS library could not
+ *         obtain its own GEMM buffer: OpenBLAS 0.3.21 maps 128 MiB per OpenBLAS thread on first
+ *         use and would retry a failed mapping forever, so the call first checks that such a
+ *         mapping can be had now; under an address-space limit that needs that much headroom).
+ *         On failure nothing is written.
+ *         Not covered: memory another thread takes between that check and the GEMM, and a
+ *         failing malloc inside OpenBLAS's own threaded GEMM, on which OpenBLAS exits the process.
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_mha_forward(const sdpa_mha_params *params,
                                                      const sdpa_tensor *query, const sdpa_tensor *key,

@@ -124,6 +124,11 @@ size_t sdpa__matmul_pack_floats(const sdpa__mat *m);
  * sdpa__matmul_pack_floats(a) + sdpa__matmul_pack_floats(b) floats. */
 void sdpa__matmul(const sdpa__mat *a, const sdpa__mat *b, float alpha, float beta, sdpa__mat *c,
                   float *ws);
+/* Whether the BLAS behind sdpa__matmul can obtain the memory it allocates on its own right
+ * now. OpenBLAS 0.3.21 maps a 128 MiB GEMM buffer per thread on first use and retries that
+ * mmap forever when it fails (an address-space limit, strict overcommit): callers ask this
+ * first and fail with SDPA_ERR_OUT_OF_MEMORY instead of hanging. Always true for other BLAS. */
+bool sdpa__matmul_memory_available(void);
 
 /* ---- softmax.c ---- */
 

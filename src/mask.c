@@ -31,6 +31,8 @@ static sdpa_status check_alignment(const char *fn, sdpa_alignment a) {
  * columns from the structural rule of rules.c (batch 0): the mask a builder writes is the one
  * the equivalent options give, bit for bit. */
 static void fill_rule(uint8_t *out, int64_t ld, int64_t r0, int64_t c0, const sdpa__rules *r) {
+    if (r->S <= 0)
+        return; /* nothing to write, however many rows (L may be INT64_MAX when S = 0) */
     for (int64_t i = 0; i < r->L; ++i) {
         uint8_t *row = out + (r0 + i) * ld + c0;
         int64_t lo, hi;
@@ -302,6 +304,15 @@ SDPA_API sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_mask *mask, int
     if (numel > 0 && mask->data == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: mask.data is NULL", fn);
     int64_t count = 0, first = -1, row = 0;
+    if (shape4[3] == 0) { /* no key: every row is empty and nothing is read (rows may be ~2^62) */
+        int64_t rows;
+        if (sdpa__mul_overflow(shape4[0], shape4[1], &rows) || sdpa__mul_overflow(rows, shape4[2], &rows))
+            return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: mask has more rows than int64_t holds", fn);
+        *empty_rows = rows;
+        if (first_empty)
+            *first_empty = rows > 0 ? 0 : -1;
+        return SDPA_OK;
+    }
     for (int64_t i0 = 0; i0 < shape4[0]; ++i0)
         for (int64_t i1 = 0; i1 < shape4[1]; ++i1)
             for (int64_t i2 = 0; i2 < shape4[2]; ++i2, ++row) {

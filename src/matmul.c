@@ -6,6 +6,10 @@
 
 #include <cblas.h>
 
+#if defined(OPENBLAS_VERSION)
+#include <sys/mman.h>
+#endif
+
 /* Can BLAS read m as row-major (NoTrans) or as the transpose of a row-major matrix? */
 static bool as_row_major(const sdpa__mat *m, int64_t *ld) {
     int64_t rs = m->rows <= 1 ? (m->cols > 1 ? m->cols : 1) : m->row_stride;
@@ -66,4 +70,27 @@ void sdpa__matmul(const sdpa__mat *a, const sdpa__mat *b, float alpha, float bet
     int64_t ldc = m <= 1 ? (n > 1 ? n : 1) : c->row_stride;
     cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, pa, (int)lda, pb, (int)ldb, beta,
                 c->data, (int)ldc);
+}
+
+/* OpenBLAS (0.3.21, interface/memory.c) takes its GEMM/GEMV scratch buffer with
+ * mmap(BUFFER_SIZE = 128 MiB on x86-64, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS) the first
+ * time each of its threads needs one, and loops on a failed mmap without end. Probe whether one
+ * such mapping per OpenBLAS thread can be had now, with the same flags (so both RLIMIT_AS and
+ * strict overcommit are seen), and give it back at once: untouched, it costs two system calls.
+ * Conservative: buffers OpenBLAS already holds are not known here, so under a tight limit this
+ * can say no where OpenBLAS would have reused one. Not atomic: memory another thread takes
+ * between the probe and the GEMM can still make OpenBLAS hang (documented in sdpa.h). */
+bool sdpa__matmul_memory_available(void) {
+#if defined(OPENBLAS_VERSION)
+    const size_t buffer_bytes = (size_t)128 << 20;
+    int threads = openblas_get_num_threads();
+    if (threads < 1)
+        threads = 1;
+    const size_t bytes = buffer_bytes * (size_t)threads + (size_t)2 * 4096;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return false;
+    munmap(p, bytes);
+#endif
+    return true;
 }

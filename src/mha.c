@@ -213,7 +213,8 @@ static void make_proj(mha_proj *pr, const sdpa_tensor *x, const sdpa_tensor *w, 
 static sdpa__mat proj_a(const mha_proj *pr, int64_t B, int64_t b) {
     const sdpa_tensor *x = pr->x;
     sdpa__mat a;
-    a.data = (float *)x->data + (pr->order == ORDER_BATCH ? b * x->strides[0] : 0);
+    /* An empty input (S = 0) may have NULL data: no arithmetic on it (UB even for + 0). */
+    a.data = x->data == NULL ? NULL : (float *)x->data + (pr->order == ORDER_BATCH ? b * x->strides[0] : 0);
     a.cols = pr->in;
     a.col_stride = x->strides[2];
     if (pr->order == ORDER_BATCH) {
@@ -953,6 +954,12 @@ SDPA_API sdpa_status sdpa_mha_forward(const sdpa_mha_params *params, const sdpa_
         if (owned == NULL)
             return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", fn, pl.total);
         ws = (unsigned char *)owned;
+    }
+    /* The projections are BLAS GEMMs: fail here, before anything is written, if the BLAS could
+     * not get its own buffer (OpenBLAS would retry forever). */
+    if (!sdpa__matmul_memory_available()) {
+        free(owned);
+        return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: the BLAS library cannot obtain its GEMM buffer (address space or commit limit)", fn);
     }
     ws = (unsigned char *)(((uintptr_t)ws + (MHA_ALIGN - 1)) & ~(uintptr_t)(MHA_ALIGN - 1));
     float *pack = (float *)(ws + pl.reg_off[R_PACK]);

@@ -93,9 +93,10 @@ static sdpa__span span_of(const void *data, int32_t rank, const int64_t *shape, 
                           size_t elem) {
     sdpa__span s = {0, 0};
     int64_t lo = 0, hi = 0;
-    for (int32_t d = 0; d < rank; ++d) {
+    for (int32_t d = 0; d < rank; ++d)
         if (shape[d] == 0)
-            return s;
+            return s; /* empty: first, as its other strides were never checked (no overflow) */
+    for (int32_t d = 0; d < rank; ++d) {
         if (strides[d] > 0)
             hi += (shape[d] - 1) * strides[d];
         else

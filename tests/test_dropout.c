@@ -466,6 +466,63 @@ static void dropout_mean_over_seeds_approaches_no_dropout(void **state)
 
 /* ------------------------------------------------------------- semantics */
 
+/* The keep rule is r >= threshold (not >): find a (seed, element) whose draw r is exactly
+ * floor(p * 2^32) for a float p, run with that p and check the element is kept, and that every
+ * other element follows the documented rule, on every kernel. */
+static void dropout_draw_equal_to_threshold_is_kept(void **state)
+{
+    (void)state;
+    enum { LL = 32, SS = 32 };
+    icase c;
+    icase_init(&c, 1, 1, 1, LL, SS, 4, 77);
+    uint64_t seed = 0;
+    int64_t hit_i = -1, hit_j = -1;
+    float p = 0.0f;
+    for (uint64_t sd = 1; sd < 4096 && hit_i < 0; ++sd) {
+        const keying k0 = keying_of(0.5f, sd, 3);
+        for (int64_t i = 0; i < LL && hit_i < 0; ++i) {
+            for (int64_t j = 0; j < SS && hit_i < 0; ++j) {
+                philox4x32_ctr_t ctr = {{(uint32_t)(j / 4), (uint32_t)i, 0u, 0u}};
+                const uint32_t r = philox4x32(ctr, k0.key).v[j % 4];
+                const float pf = (float)((double)r / 4294967296.0);
+                /* p exactly r / 2^32, in (0.05, 0.95) so that both outcomes are common */
+                if ((double)pf * 4294967296.0 == (double)r && pf > 0.05f && pf < 0.95f) {
+                    seed = sd;
+                    hit_i = i;
+                    hit_j = j;
+                    p = pf;
+                }
+            }
+        }
+    }
+    assert_true(hit_i >= 0);
+    const keying k = keying_of(p, seed, 3);
+    assert_true(expected_kept(&k, 0, 0, hit_i, hit_j)); /* r == threshold: kept */
+    for (int kk = 0; kk < 3; ++kk) {
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.kernel = ALL_KERNELS[kk];
+        o.dropout_p = p;
+        o.dropout_seed = seed;
+        o.dropout_offset = 3;
+        const int want_w = ALL_KERNELS[kk] == SDPA_KERNEL_REFERENCE;
+        expect_kernel_ok(icase_run(&c, &o, want_w, 0), ALL_KERNELS[kk], "draw equal to the threshold");
+        for (int64_t i = 0; i < LL; ++i) {
+            for (int64_t j = 0; j < SS; ++j) {
+                const float got = c.out[i * SS + j];
+                const int want = expected_kept(&k, 0, 0, i, j);
+                if (want != (got != 0.0f)) {
+                    fail_msg("%s, p=%.9g seed=%llu (i=%lld,j=%lld)%s: Random123 says %s, out=%g", KERNEL_PREFIX[ALL_KERNELS[kk]],
+                             (double)p, (unsigned long long)seed, (long long)i, (long long)j,
+                             i == hit_i && j == hit_j ? " [draw == threshold]" : "", want ? "kept" : "dropped",
+                             (double)got);
+                }
+            }
+        }
+    }
+    icase_free(&c);
+}
+
 static void dropout_p_zero_is_bit_identical_to_none(void **state)
 {
     (void)state;
@@ -653,6 +710,7 @@ int main(void)
         cmocka_unit_test(dropout_double_precision_rows_use_the_same_mask),
         cmocka_unit_test(dropout_kept_fraction_is_within_4_sigma),
         cmocka_unit_test(dropout_mean_over_seeds_approaches_no_dropout),
+        cmocka_unit_test(dropout_draw_equal_to_threshold_is_kept),
         cmocka_unit_test(dropout_p_zero_is_bit_identical_to_none),
         cmocka_unit_test(dropout_p_outside_0_1_is_rejected),
         cmocka_unit_test(dropout_offsets_and_seeds_change_the_mask),

@@ -907,6 +907,55 @@ static void kernels_first_failure_is_reported_for_any_thread_count(void **state)
     free(out);
 }
 
+/* First-failure order when check threads really overlap: 4 batch tasks scan 32768 key and
+ * value rows each; tasks 0 and 1 pass, task 2 fails late (its last value row) and task 3 fails
+ * at once (its first query row). With 3 threads, tasks 0-2 start together and task 3 goes to
+ * whichever of threads 0 and 1 finishes first, so it fails while task 2 is still scanning, on a
+ * lower-numbered thread: the lowest task's failure must be reported (not the first in time, nor
+ * the lowest thread's). 2 threads overlap the same way about half the time. */
+static void kernels_first_failure_wins_when_check_threads_overlap(void **state)
+{
+    (void)state;
+    const int64_t B = 4, H = 1, L = 4, S = 32768, E = 32;
+    const size_t nq = (size_t)(B * H * L * E), nk = (size_t)(B * H * S * E);
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
+    float *out = malloc(nq * sizeof(float));
+    assert_true(q && k && v && out);
+    tc_rng r;
+    tc_rng_seed(&r, 12);
+    tc_fill_uniform(q, (int64_t)nq, &r, -1, 1);
+    tc_fill_uniform(k, (int64_t)nk, &r, -1, 1);
+    tc_fill_uniform(v, (int64_t)nk, &r, -1, 1);
+    v[((2 * H + 0) * S + (S - 1)) * E + (E - 1)] = NAN; /* task 2: its very last value */
+    q[((3 * H + 0) * L + 0) * E + 0] = NAN;             /* task 3: its first query row */
+    sdpa_tensor tq = tc_view4(q, B, H, L, E), tk = tc_view4(k, B, H, S, E), tv = tc_view4(v, B, H, S, E);
+    sdpa_tensor to = tc_view4(out, B, H, L, E);
+    const char *want = "value row (b=2,h=0,j=32767)";
+    for (int rep = 0; rep < 6; ++rep) {
+        for (int kk = 0; kk < N_PATHS; ++kk) {
+            for (int threads = 2; threads <= 3; ++threads) {
+                sdpa_options o;
+                sdpa_options_init(&o);
+                o.kernel = g_paths[kk].kernel;
+                o.num_threads = threads;
+                tc_fill_canary(out, nq * sizeof(float));
+                set_isa(g_paths[kk].isa);
+                sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+                set_isa(NULL);
+                if (st != SDPA_ERR_NON_FINITE || strstr(sdpa_last_error_message(), want) == NULL) {
+                    fail_msg("%s, %d threads: %s \"%s\", expected SDPA_ERR_NON_FINITE naming %s", path_desc(&g_paths[kk]),
+                             threads, sdpa_status_string(st), sdpa_last_error_message(), want);
+                }
+                assert_true(tc_is_canary(out, nq * sizeof(float)));
+            }
+        }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+}
+
 /* Rows float32 cannot carry although the inputs are finite are recomputed in double on every
  * path: an overflowing P.V sum, a softcap that would hide an overflowed dot product. */
 static void kernels_overflow_rows_fall_back_to_double(void **state)
@@ -1230,6 +1279,7 @@ int main(void)
         cmocka_unit_test(kernels_nan_in_blocked_kv_does_not_leak),
         cmocka_unit_test(kernels_nonfinite_attended_row_fails_alike),
         cmocka_unit_test(kernels_first_failure_is_reported_for_any_thread_count),
+        cmocka_unit_test(kernels_first_failure_wins_when_check_threads_overlap),
         cmocka_unit_test(kernels_overflow_rows_fall_back_to_double),
         cmocka_unit_test(kernels_empty_and_padded_rows_are_exact),
         cmocka_unit_test(kernels_no_keys_give_empty_rows),

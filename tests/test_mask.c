@@ -708,6 +708,34 @@ static void mask_padding_builder_matches_key_lengths_option(void **state)
     }
 }
 
+/* A builder with no key column returns at once however many rows it is given (found by the
+ * fuzzer: L = INT64_MAX with S = 0 looped over every row). A hang here is a test timeout. */
+static void mask_builders_with_no_columns_return_at_once(void **state)
+{
+    (void)state;
+    uint8_t out[4] = {7, 7, 7, 7};
+    assert_int_equal(sdpa_mask_causal(out, INT64_MAX, 0, SDPA_ALIGN_TOP_LEFT), SDPA_OK);
+    assert_int_equal(sdpa_mask_causal(out, INT64_MAX, 0, SDPA_ALIGN_BOTTOM_RIGHT), SDPA_OK);
+    assert_int_equal(sdpa_mask_sliding_window(out, INT64_MAX, 0, 1, 5, SDPA_ALIGN_BOTTOM_RIGHT), SDPA_OK);
+    const int64_t cq[2] = {0, INT64_MAX}, ck[2] = {0, 0};
+    assert_int_equal(sdpa_mask_block_diagonal(out, 1, cq, ck, 1, SDPA_ALIGN_TOP_LEFT), SDPA_OK);
+    for (int t = 0; t < 4; ++t)
+        assert_int_equal(out[t], 7);
+    /* counting the empty rows of a mask with no key column: every row, without visiting them */
+    sdpa_allow_mask m;
+    const int64_t shape[2] = {(int64_t)1 << 40, 0};
+    assert_int_equal(sdpa_allow_mask_init(&m, out, 2, shape), SDPA_OK);
+    int64_t empty = -5, first = -5;
+    assert_int_equal(sdpa_mask_count_empty_rows(&m, &empty, &first), SDPA_OK);
+    assert_true(empty == ((int64_t)1 << 40) && first == 0);
+    memset(&m, 0, sizeof m); /* [2^40, 2^40, 0]: its rows overflow int64 */
+    m.data = out;
+    m.rank = 3;
+    m.shape[0] = m.shape[1] = (int64_t)1 << 40;
+    m.strides[2] = 1;
+    assert_int_equal(sdpa_mask_count_empty_rows(&m, &empty, &first), SDPA_ERR_SIZE_OVERFLOW);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -731,6 +759,7 @@ int main(void)
         cmocka_unit_test(mask_count_empty_rows_rejects_reserved_and_entries_beyond_rank),
         cmocka_unit_test(mask_converters_reject_overlap_and_leave_out_untouched),
         cmocka_unit_test(mask_padding_builder_matches_key_lengths_option),
+        cmocka_unit_test(mask_builders_with_no_columns_return_at_once),
     };
     return cmocka_run_group_tests_name("mask", tests, NULL, NULL);
 }

@@ -1003,7 +1003,7 @@ static void merge_rejects_bad_layout_and_overlap(void **state)
     }
     /* out written over lse_a (an input of another kind: never in place). */
     {
-        float buf[24];
+        float buf[24] = {0}; /* filled only in part below: the rest must be defined too */
         memcpy(buf, f->la, sizeof f->la);
         sdpa_tensor la_in = view_contig(buf, 2, ls), o_over = view_contig(buf, 3, os);
         float keep2[24];

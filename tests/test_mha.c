@@ -1470,6 +1470,60 @@ static void mha_out_projection_overflow_is_recomputed_in_double(void **state)
         }
 }
 
+/* The double-precision recomputation of an overflowing output-projection row keeps
+ * out_proj_bias: with v = 3.2e38 per element, W_o rows of +1/-1 halves and a last row of +1
+ * (its element is +inf, so the row is recomputed), each output element equals the double sum
+ * W_o v + b_o rounded to float32, the bias included. */
+static void mha_out_projection_overflow_keeps_the_bias(void **state)
+{
+    (void)state;
+    enum { E = 8, H = 2, B = 2, L = 3 };
+    static float w_in[3 * E * E], w_out[E * E], x[B * L * E], out[B * L * E], b_out[E];
+    memset(w_in, 0, sizeof w_in);
+    for (int r = 2 * E; r < 3 * E; ++r)
+        for (int c = 0; c < E; ++c)
+            w_in[r * E + c] = 4e37f;
+    for (int r = 0; r < E; ++r) {
+        for (int c = 0; c < E; ++c) /* the last row sums to +inf: that forces the recomputation */
+            w_out[r * E + c] = r == E - 1 || c < E / 2 ? 1.0f : -1.0f;
+        /* -3e30 .. 4e30 (0 included): large enough to survive next to the 6.4e38 partial sums
+         * of a double accumulation (their ulp is ~1.4e23), small enough to stay finite */
+        b_out[r] = 1e30f * (float)(r - 3);
+    }
+    for (int t = 0; t < B * L * E; ++t)
+        x[t] = 1.0f;
+    sdpa_tensor tw_in, tw_out, tx, tout, tb;
+    const int64_t s_in[2] = {3 * E, E}, s_out[2] = {E, E}, s_b[1] = {E};
+    assert_int_equal(sdpa_tensor_init(&tw_in, w_in, 2, s_in), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tw_out, w_out, 2, s_out), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tb, b_out, 1, s_b), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_3d(&tx, x, B, L, E), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_3d(&tout, out, B, L, E), SDPA_OK);
+    sdpa_mha_params prm;
+    sdpa_mha_params_init(&prm);
+    prm.embed_dim = E;
+    prm.num_heads = H;
+    prm.in_proj_weight = &tw_in;
+    prm.out_proj_weight = &tw_out;
+    prm.out_proj_bias = &tb;
+    sdpa_status st = sdpa_mha_forward(&prm, &tx, &tx, &tx, NULL, &tout, NULL);
+    if (st != SDPA_OK) {
+        fail_msg("sdpa_mha_forward: %s (%s)", sdpa_status_string(st), sdpa_last_error_message());
+    }
+    for (int t = 0; t < B * L; ++t)
+        for (int e = 0; e < E; ++e) {
+            /* v = 3.2e38 in every element: sum_c W_o[e][c] v = 4 * 3.2e38 - 4 * 3.2e38 = 0 */
+            double acc = (double)b_out[e];
+            for (int c = 0; c < E; ++c)
+                acc += (double)w_out[e * E + c] * (double)(8.0f * 4e37f);
+            const float want = (float)acc;
+            if (out[t * E + e] != want) {
+                fail_msg("out row %d [%d] = %.9g, expected the double result %.9g (bias %.9g included)", t, e,
+                         (double)out[t * E + e], (double)want, (double)b_out[e]);
+            }
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mha_self_attention_packed_matches_reference),
@@ -1493,6 +1547,7 @@ int main(void) {
         cmocka_unit_test(mha_empty_batch_and_query_succeed),
         cmocka_unit_test(mha_larger_problem_matches_reference),
         cmocka_unit_test(mha_out_projection_overflow_is_recomputed_in_double),
+        cmocka_unit_test(mha_out_projection_overflow_keeps_the_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -997,6 +997,152 @@ static void validation_non_finite_inputs_are_rejected(void **state)
     free(f);
 }
 
+/* One failing call per kernel that can serve the fixture: reference (with weights), tiled and
+ * decode (without); each must report `want` in its message. */
+static void check_fail_every_kernel(fx *f, sdpa_status expected, const char *want, const char *what, int line)
+{
+    static const int32_t kernels[3] = {SDPA_KERNEL_REFERENCE, SDPA_KERNEL_TILED, SDPA_KERNEL_DECODE};
+    for (int t = 0; t < 3; ++t) {
+        f->opt.kernel = kernels[t];
+        f->pass_w = kernels[t] == SDPA_KERNEL_REFERENCE;
+        check_fail_views(f, &f->tq, &f->tk, &f->tv, &f->opt, &f->to, expected, what, line);
+        if (strstr(sdpa_last_error_message(), want) == NULL) {
+            fail_msg("line %d, %s (kernel %d): message \"%s\" does not name %s", line, what, (int)kernels[t],
+                     sdpa_last_error_message(), want);
+        }
+    }
+    f->opt.kernel = SDPA_KERNEL_AUTO;
+    f->pass_w = 1;
+}
+
+/* The K-row scan covers all E elements: a NaN in the last one (e = E-1) of an attended key
+ * row is reported, without and with a mask (the two scan paths), on every kernel. */
+/* Flags documented as 0 or 1 reject every other value (causal 2 is not "more causal"). */
+static void validation_causal_must_be_0_or_1(void **state)
+{
+    (void)state;
+    const int32_t bad[4] = {2, -1, 255, INT32_MAX};
+    for (int t = 0; t < 4; ++t) {
+        fx *f = fx_new();
+        f->opt.causal = bad[t];
+        CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "causal not 0/1");
+        if (!strstr(sdpa_last_error_message(), "causal")) {
+            fail_msg("message does not name causal: \"%s\"", sdpa_last_error_message());
+        }
+        free(f);
+    }
+}
+
+static void validation_nan_in_last_element_of_key_row_is_rejected(void **state)
+{
+    (void)state;
+    for (int masked = 0; masked < 2; ++masked) {
+        fx *f = fx_new();
+        if (masked) {
+            f->opt.allow_mask = &f->m;
+        }
+        f->k[((1 * HKV + 1) * S + 3) * E + (E - 1)] = NAN;
+        check_fail_every_kernel(f, SDPA_ERR_NON_FINITE, "key row (b=1,h=1,j=3)", "NaN at e = E-1 of a key row", __LINE__);
+        f->k[((1 * HKV + 1) * S + 3) * E + (E - 1)] = INFINITY;
+        check_fail_every_kernel(f, SDPA_ERR_NON_FINITE, "key row (b=1,h=1,j=3)", "Inf at e = E-1 of a key row", __LINE__);
+        free(f);
+    }
+    /* A query row's last element too. */
+    fx *f = fx_new();
+    f->q[((0 * HQ + 2) * L + 1) * E + (E - 1)] = NAN;
+    check_fail_every_kernel(f, SDPA_ERR_NON_FINITE, "query row (b=0,h=2,i=1)", "NaN at e = E-1 of a query row", __LINE__);
+    free(f);
+}
+
+/* The V-row check runs whatever else is given: a NaN in an attended value row with an
+ * allow-mask, with a bias, or with both, is reported naming the row, on every kernel. */
+static void validation_nan_in_value_row_with_mask_or_bias_is_rejected(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 3; ++mode) {
+        fx *f = fx_new();
+        if (mode != 1) {
+            f->opt.allow_mask = &f->m;
+        }
+        if (mode != 0) {
+            f->opt.bias = &f->tb;
+        }
+        f->v[((0 * HKV + 1) * S + 4) * EV + (EV - 1)] = NAN;
+        check_fail_every_kernel(f, SDPA_ERR_NON_FINITE, "value row (b=0,h=1,j=4)",
+                                mode == 0 ? "NaN in a value row, mask" : mode == 1 ? "NaN in a value row, bias"
+                                                                               : "NaN in a value row, mask and bias",
+                                __LINE__);
+        /* the same NaN in a row that no query attends is not read */
+        for (int64_t h = 2; h < HQ; ++h) {
+            for (int64_t i = 0; i < L; ++i) {
+                f->mask[((0 * HQ + h) * L + i) * S + 4] = 0;
+            }
+        }
+        if (mode != 1) {
+            f->opt.kernel = SDPA_KERNEL_AUTO;
+            CHECK_OK(f, "NaN in a value row no allowed pair reads");
+        }
+        free(f);
+    }
+}
+
+/* Negative strides count by their magnitude in a view's extent: shape 3 with stride -2^62
+ * (and other large negative strides, alone or against a positive one) overflows. */
+static void validation_negative_strides_count_in_the_extent(void **state)
+{
+    (void)state;
+    const int64_t one = 1;
+    const int64_t neg[4] = {-(one << 62), -(one << 61), -(one << 60), -(one << 59)};
+    for (int t = 0; t < 4; ++t) {
+        fx *f = fx_new();
+        sdpa_tensor q = f->tq; /* [2, 4, 3, 4]: the query axis has 3 entries */
+        q.strides[2] = neg[t];
+        f->pass_w = f->pass_lse = 0;
+        check_fail_views(f, &q, &f->tk, &f->tv, &f->opt, &f->to, SDPA_ERR_SIZE_OVERFLOW, "q stride -2^k on shape 3",
+                         __LINE__);
+        /* +2^k on one axis and -2^k on another do not cancel */
+        q = f->tq;
+        q.strides[2] = neg[t];
+        q.strides[1] = -neg[t];
+        check_fail_views(f, &q, &f->tk, &f->tv, &f->opt, &f->to, SDPA_ERR_SIZE_OVERFLOW, "q strides +2^k and -2^k",
+                         __LINE__);
+        sdpa_tensor v = f->tv; /* [2, 2, 5, 3] */
+        v.strides[3] = neg[t];
+        check_fail_views(f, &f->tq, &f->tk, &v, &f->opt, &f->to, SDPA_ERR_SIZE_OVERFLOW, "v stride -2^k on shape 3",
+                         __LINE__);
+        size_t bytes = 0;
+        q = f->tq;
+        q.strides[2] = neg[t];
+        assert_int_equal(sdpa_attention_workspace_size(&q, &f->tk, &f->tv, &f->opt, 0, &bytes), SDPA_ERR_SIZE_OVERFLOW);
+        free(f);
+    }
+}
+
+/* Every byte past sizeof(sdpa_options) that a larger struct_size covers is checked, the first
+ * one included. */
+static void validation_first_tail_byte_of_larger_options_is_checked(void **state)
+{
+    (void)state;
+    const size_t extra[3] = {1, 8, 64};
+    for (int t = 0; t < 3; ++t) {
+        fx *f = fx_new();
+        unsigned char *big = calloc(1, sizeof(sdpa_options) + extra[t]);
+        assert_non_null(big);
+        memcpy(big, &f->opt, sizeof f->opt);
+        ((sdpa_options *)(void *)big)->struct_size = sizeof(sdpa_options) + extra[t];
+        const sdpa_options *bo = (const sdpa_options *)(const void *)big;
+        big[sizeof(sdpa_options)] = 1;
+        check_fail_views(f, &f->tq, &f->tk, &f->tv, bo, &f->to, SDPA_ERR_STRUCT_VERSION, "first tail byte non-zero",
+                         __LINE__);
+        big[sizeof(sdpa_options)] = 0;
+        big[sizeof(sdpa_options) + extra[t] - 1] = 0x80;
+        check_fail_views(f, &f->tq, &f->tk, &f->tv, bo, &f->to, SDPA_ERR_STRUCT_VERSION, "last tail byte non-zero",
+                         __LINE__);
+        free(big);
+        free(f);
+    }
+}
+
 /* --------------------------------------------------------------- 0/1 flags */
 
 static void validation_skip_finite_check_must_be_0_or_1(void **state)
@@ -1393,6 +1539,11 @@ int main(void)
         cmocka_unit_test(validation_workspace_does_not_grow_with_l_times_s),
         cmocka_unit_test(validation_empty_row_error_names_the_row),
         cmocka_unit_test(validation_non_finite_inputs_are_rejected),
+        cmocka_unit_test(validation_causal_must_be_0_or_1),
+        cmocka_unit_test(validation_nan_in_last_element_of_key_row_is_rejected),
+        cmocka_unit_test(validation_nan_in_value_row_with_mask_or_bias_is_rejected),
+        cmocka_unit_test(validation_negative_strides_count_in_the_extent),
+        cmocka_unit_test(validation_first_tail_byte_of_larger_options_is_checked),
         cmocka_unit_test(validation_skip_finite_check_must_be_0_or_1),
         cmocka_unit_test(validation_sliding_window_must_be_0_or_1),
         cmocka_unit_test(validation_zero_head_width_is_rejected),
