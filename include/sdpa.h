@@ -61,12 +61,12 @@ extern "C" {
 /* ----------------------------------------------------------------- version */
 
 #define SDPA_VERSION_MAJOR 0
-#define SDPA_VERSION_MINOR 3
+#define SDPA_VERSION_MINOR 5
 #define SDPA_VERSION_PATCH 0
 /** MAJOR*1000000 + MINOR*1000 + PATCH (SQLite's scheme). */
 #define SDPA_VERSION_NUMBER \
     (SDPA_VERSION_MAJOR * 1000000 + SDPA_VERSION_MINOR * 1000 + SDPA_VERSION_PATCH)
-#define SDPA_VERSION_STRING "0.3.0"
+#define SDPA_VERSION_STRING "0.5.0"
 
 /** @return SDPA_VERSION_NUMBER of the library actually linked (not of this header). */
 SDPA_API unsigned sdpa_version(void);

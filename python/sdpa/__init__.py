@@ -12,7 +12,7 @@ copied or converted; results are torch tensors for torch inputs. Errors raise sd
 subclasses carrying the status and the library's message. The library is found through
 $SDPA_LIBRARY, then the copy bundled with an installed package (pip), then this checkout's
 build*/ directories, then the system loader (see sdpa._lib), and must be libsdpa 0.x with
-x >= 3.
+x >= 5.
 """
 from ._errors import (STATUS_NAMES, SdpaArgumentError, SdpaDtypeError, SdpaError,
                       SdpaInternalError, SdpaLibraryError, SdpaResourceError, SdpaShapeError,
@@ -26,7 +26,7 @@ from .masks import (allow_and, allow_from_additive, allow_from_ignore, allow_fro
                     sliding_window_allow_mask)
 from .mha import MultiheadAttention
 
-__version__ = "0.3.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "scaled_dot_product_attention", "merge", "MultiheadAttention", "last_kernel",
@@ -48,5 +48,5 @@ def library():
 
 
 def library_version():
-    """The version string of the loaded libsdpa, e.g. "0.3.0"."""
+    """The version string of the loaded libsdpa, e.g. "0.5.0"."""
     return library().version_string

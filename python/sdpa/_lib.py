@@ -25,7 +25,7 @@ from ._errors import SdpaLibraryError, SdpaVersionError, make_error, python_hint
 
 #: The libsdpa version this package was written for: a library of the same major version and a
 #: minor version >= this one is accepted.
-EXPECTED_VERSION = (0, 3, 0)
+EXPECTED_VERSION = (0, 5, 0)
 
 SDPA_MAX_RANK = 8
 SDPA_MASK_MAX_RANK = 4
