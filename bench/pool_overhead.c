@@ -108,10 +108,16 @@ int main(int argc, char **argv) {
     }
     sdpa_threadpool_destroy(pool);
     free(scratch);
+    int rc = 0;
     for (int x = 1; x < 3; ++x)
         if (memcmp(out[0], out[x], nq * 4) != 0) {
             fprintf(stderr, "pool-overhead: %s differs from builtin\n", names[x]);
-            return 1;
+            rc = 1;
         }
-    return 0;
+    for (int x = 0; x < 3; ++x)
+        free(out[x]);
+    free(q);
+    free(k);
+    free(v);
+    return rc;
 }
