@@ -306,7 +306,7 @@ typedef enum sdpa_weights_stage {
  *  kernel that cannot serve the call fails with SDPA_ERR_UNSUPPORTED (nothing written).
  *  All kernels give the same results within float32 rounding; with the same kernel, the
  *  same SIMD set (see sdpa_last_kernel(); SDPA_MAX_ISA=portable|avx2|avx512 in the environment
- *  caps it, read on each call) and the same inputs, the result does not depend on num_threads
+ *  caps it, read once per process, at the first call that runs a kernel) and the same inputs, the result does not depend on num_threads
  *  (bit for bit). AUTO: reference when weights are requested, decode for L <= 4, else tiled.
  *  TILED and DECODE produce no weights (forcing them with weights is SDPA_ERR_UNSUPPORTED). */
 typedef enum sdpa_kernel {
@@ -858,7 +858,9 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_merge(const sdpa_tensor *out_a, const s
  * Row t goes to block slot_mapping[t] / block_size, slot slot_mapping[t] % block_size (so
  * slot = block * block_size + offset); a negative slot skips the row (padding tokens, as vLLM).
  * Rows of any dtype are converted to the cache's dtype with round-to-nearest-even (exact when
- * the dtypes are equal or the cache is wider). Every slot is validated before anything is
+ * the dtypes are equal or the cache is wider; a finite value beyond an f16 cache's range, e.g.
+ * 65536, becomes +-inf as IEEE rounding says, and a later sdpa_attention that reads it fails
+ * its finite check). Values are not checked here. Every slot is validated before anything is
  * written: a slot >= num_blocks * block_size is SDPA_ERR_INDEX naming the row and value. Rows
  * are written in order t = 0..T-1 (two rows naming one slot: the later wins, as in vLLM).
  * value_cache and value may both be NULL (keys only). On the caller's thread; no allocation.

@@ -21,6 +21,14 @@ sdpa_status sdpa__read_versioned(const char *fn, const char *what, const char *i
     if (sz > SDPA__STRUCT_SIZE_MAX)
         return sdpa__fail(SDPA_ERR_STRUCT_VERSION, "%s: %s->struct_size=%zu is larger than %d", fn, what, sz,
                           SDPA__STRUCT_SIZE_MAX);
+    /* Every sizeof of a released layout is a multiple of the struct's alignment (>= that of
+     * its first member, size_t); any other size ends inside a field (half a pointer read as a
+     * pointer would crash), so it is refused, not truncated. */
+    if (sz % _Alignof(size_t) != 0)
+        return sdpa__fail(SDPA_ERR_STRUCT_VERSION,
+                          "%s: %s->struct_size=%zu is not a multiple of %zu, so it is no released layout's size "
+                          "(call %s_init())",
+                          fn, what, sz, (size_t)_Alignof(size_t), init_name);
     memcpy(dst, in, sz < dst_size ? sz : dst_size);
     const unsigned char *bytes = (const unsigned char *)in;
     for (size_t b = dst_size; b < sz; ++b)

@@ -720,6 +720,17 @@ static void validation_struct_size_rules_are_enforced(void **state)
         f->opt.struct_size = small_sizes[i];
         CHECK_FAIL(f, SDPA_ERR_STRUCT_VERSION, "struct_size smaller than v1");
     }
+    /* a size that ends inside a field (half of the sinks pointer, 3 bytes of kernel) is no
+     * released layout's: refused, never read as a truncated pointer (new-user trial crash) */
+    const size_t mid_sizes[3] = {offsetof(sdpa_options, sinks) + 4, offsetof(sdpa_options, kernel) + 3,
+                                 sizeof(sdpa_options) + 1};
+    for (int i = 0; i < 3; ++i) {
+        sdpa_options_init(&f->opt);
+        f->opt.sinks = (const float *)(uintptr_t)0x1234567890ull;
+        f->opt.struct_size = mid_sizes[i];
+        CHECK_FAIL(f, SDPA_ERR_STRUCT_VERSION, "struct_size ending inside a field");
+    }
+    sdpa_options_init(&f->opt);
     /* a newer caller's bigger struct: zero tail accepted, non-zero tail rejected */
     unsigned char *big = calloc(1, sizeof(sdpa_options) + 32);
     assert_non_null(big);
