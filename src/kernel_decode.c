@@ -254,8 +254,23 @@ static void decode_task(void *vctx, int64_t task, int tid) {
 
         /* Scores sub-tile by sub-tile (a multiple of 8 keys: the same keys take the same
          * path through dot_rows as in one call, so the results do not depend on kc). */
+        const float *qa[RMAX];
+        float *sa[RMAX], *oa[RMAX], aa[RMAX];
+        int64_t na = 0, ra[RMAX];
+        for (int64_t r = 0; r < R; ++r)
+            if (mode[r] != MODE_NONE)
+                ra[na++] = r;
+        const bool multi = na > 1 && mk->dot_rows_multi != NULL && mk->axpy_rows_multi != NULL;
         for (int64_t c0 = 0; c0 < n; c0 += kc) {
             const int64_t cn = n - c0 < kc ? n - c0 : kc;
+            if (multi) { /* all the rows from one read of each K row (same sums as dot_rows) */
+                for (int64_t j = 0; j < na; ++j) {
+                    qa[j] = qp + ra[j] * E;
+                    sa[j] = s + ra[j] * BN + c0;
+                }
+                mk->dot_rows_multi(na, qa, E, kt + c0 * kstride, kstride, cn, sa);
+                continue;
+            }
             for (int64_t r = 0; r < R; ++r)
                 if (mode[r] != MODE_NONE)
                     mk->dot_rows(qp + r * E, E, kt + c0 * kstride, kstride, cn, s + r * BN + c0);
@@ -306,6 +321,16 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         int64_t c0 = 0;
         do {
             const int64_t cn = cnt - c0 < vc ? cnt - c0 : vc;
+            if (multi) {
+                for (int64_t j = 0; j < na; ++j) {
+                    oa[j] = o + ra[j] * Ev;
+                    sa[j] = s + ra[j] * BN;
+                    aa[j] = c0 == 0 ? alpha[ra[j]] : 1.0f;
+                }
+                mk->axpy_rows_multi(na, oa, Ev, aa, (const float *const *)sa, idx + c0, cn, vt, vstride);
+                c0 += cn;
+                continue;
+            }
             for (int64_t r = 0; r < R; ++r)
                 if (mode[r] != MODE_NONE)
                     mk->axpy_rows(o + r * Ev, Ev, c0 == 0 ? alpha[r] : 1.0f, s + r * BN, idx + c0, cn, vt, vstride);
