@@ -180,8 +180,15 @@ static void z_lanes_softmax(float *t, int64_t n, int64_t nl, int64_t ld, float *
  * current tile fetch the next one (the cache is contiguous per (b, kv head) in the common
  * layout); a prefetch never faults. */
 #define PF_BYTES 8192
+#define PF_MULTI (2 * PF_BYTES) /* the multi-row kernels: less work per byte, so further ahead */
 
 AI __mmask16 head16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
+
+AI void prefetch_row_at(const float *r, int64_t ne, int64_t ahead) {
+    const char *c = (const char *)r + ahead;
+    for (int64_t b = 0; b < ne * (int64_t)sizeof(float); b += 64)
+        _mm_prefetch(c + b, _MM_HINT_T0);
+}
 
 AI void prefetch_row(const float *r, int64_t ne) {
     const char *c = (const char *)r + PF_BYTES;
@@ -343,7 +350,7 @@ AI void dotm_block(const int NR, const float *const *q, int64_t ne, const float 
             if (pf)
 #pragma GCC unroll 4
                 for (int u = 0; u < 4; ++u)
-                    prefetch_row(kr + u * ks, ne);
+                    prefetch_row_at(kr + u * ks, ne, PF_MULTI);
             for (int64_t e = 0; e < ev; e += 16) {
                 __m512 kv[4];
 #pragma GCC unroll 4
@@ -377,7 +384,7 @@ AI void dotm_block(const int NR, const float *const *q, int64_t ne, const float 
     for (; t < n; ++t) {
         const float *kr = k + t * ks;
         if (pf)
-            prefetch_row(kr, ne);
+            prefetch_row_at(kr, ne, PF_MULTI);
         __m512 a[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; ++r)
@@ -436,7 +443,7 @@ AI void axpym_block(const int NR, float *const *o, int64_t nev, const float *alp
         for (int64_t t = 0; t < cnt; ++t) {
             const float *vr = v + (ptrdiff_t)idx[t] * vs + d;
             if (pfd)
-                prefetch_row(vr, nev);
+                prefetch_row_at(vr, nev, PF_MULTI);
             __m512 vv[4];
 #pragma GCC unroll 4
             for (int u = 0; u < 4; ++u)
