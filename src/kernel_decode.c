@@ -40,6 +40,11 @@
 #define SPLIT_ITEMS 16     /* below this many items, split the keys */
 #define SPLIT_MIN_KEYS 512 /* ... into chunks of at least this many keys */
 #define DECODE_AUTO_MAX_L 4 /* AUTO takes this kernel for L <= this */
+/* The multi-row micro-kernels (same bits as the per-row ones) pay off when K/V come from cache;
+ * streaming a larger cache from memory they measured ~10% slower than the per-row loop (whose
+ * first row's pass over a sub-tile overlaps the memory traffic better), so they are used only
+ * when the call's K and V bytes are at most this. */
+#define MULTI_MAX_KV_BYTES ((double)(16 << 20))
 
 enum { ROW_OFF = 0, ROW_VALID = 1 };
 enum { MODE_NONE = 0, MODE_FULL = 1, MODE_PART = 2 };
@@ -214,7 +219,9 @@ static void decode_task(void *vctx, int64_t task, int tid) {
 
     /* Sub-tile sizes (keys): all of a tile for one row. */
     int64_t kc = BN, vc = BN;
-    if (R > 1) {
+    const bool use_multi = mk->dot_rows_multi != NULL && mk->axpy_rows_multi != NULL &&
+                           4.0 * (double)p->B * (double)p->Hkv * (double)p->S * (double)(E + Ev) <= MULTI_MAX_KV_BYTES;
+    if (R > 1 && !(R <= 4 && use_multi)) {
         kc = (L1_BYTES / (4 * (E > 0 ? E : 1))) / 8 * 8;
         vc = (L1_BYTES / (4 * (Ev > 0 ? Ev : 1))) / 8 * 8;
         kc = kc < 8 ? 8 : kc;
@@ -264,8 +271,23 @@ static void decode_task(void *vctx, int64_t task, int tid) {
 
         /* Scores sub-tile by sub-tile (a multiple of 8 keys: the same keys take the same
          * path through dot_rows as in one call, so the results do not depend on kc). */
+        const float *qa[RMAX];
+        float *sa[RMAX], *oa[RMAX], aa[RMAX];
+        int64_t na = 0, ra[RMAX];
+        for (int64_t r = 0; r < R; ++r)
+            if (mode[r] != MODE_NONE)
+                ra[na++] = r;
+        const bool multi = na > 1 && use_multi;
         for (int64_t c0 = 0; c0 < n; c0 += kc) {
             const int64_t cn = n - c0 < kc ? n - c0 : kc;
+            if (multi && c->mk16 == NULL) { /* all the rows from one read of each K row (same sums as dot_rows) */
+                for (int64_t j = 0; j < na; ++j) {
+                    qa[j] = qp + ra[j] * E;
+                    sa[j] = s + ra[j] * BN + c0;
+                }
+                mk->dot_rows_multi(na, qa, E, kt + c0 * kstride, kstride, cn, sa);
+                continue;
+            }
             for (int64_t r = 0; r < R; ++r) {
                 if (mode[r] == MODE_NONE)
                     continue;
@@ -326,6 +348,16 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         int64_t c0 = 0;
         do {
             const int64_t cn = cnt - c0 < vc ? cnt - c0 : vc;
+            if (multi) {
+                for (int64_t j = 0; j < na; ++j) {
+                    oa[j] = o + ra[j] * Ev;
+                    sa[j] = s + ra[j] * BN;
+                    aa[j] = c0 == 0 ? alpha[ra[j]] : 1.0f;
+                }
+                mk->axpy_rows_multi(na, oa, Ev, aa, (const float *const *)sa, idx + c0, cn, vt, vstride);
+                c0 += cn;
+                continue;
+            }
             for (int64_t r = 0; r < R; ++r)
                 if (mode[r] != MODE_NONE)
                     mk->axpy_rows(o + r * Ev, Ev, c0 == 0 ? alpha[r] : 1.0f, s + r * BN, idx + c0, cn, vt, vstride);

@@ -65,6 +65,15 @@ typedef struct sdpa__mk {
     void (*pack_lanes)(const float *x, ptrdiff_t rs, int64_t nrows, int64_t ncols, float scale, float *t,
                        int64_t ld);
     void (*unpack_lanes)(const float *t, int64_t ld, int64_t nrows, int64_t ncols, float *x, ptrdiff_t rs);
+
+    /* Optional (NULL: the caller loops dot_rows / axpy_rows over the rows). Several query rows
+     * at once, reading each K (V) row once for all of them; row r's results equal, bit for bit,
+     * those of dot_rows(q[r], ne, k, ks, n, s[r]) and axpy_rows(o[r], nev, alpha[r], p[r], idx,
+     * cnt, v, vs) (same per-row summation order). nr may be any count >= 0. */
+    void (*dot_rows_multi)(int64_t nr, const float *const *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n,
+                           float *const *s);
+    void (*axpy_rows_multi)(int64_t nr, float *const *o, int64_t nev, const float *alpha, const float *const *p,
+                            const int32_t *idx, int64_t cnt, const float *v, ptrdiff_t vs);
 } sdpa__mk;
 
 extern const sdpa__mk sdpa__mk_portable;

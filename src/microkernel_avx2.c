@@ -396,4 +396,5 @@ const sdpa__mk sdpa__mk_avx2 = {
     x_lanes_gemm, sdpa__avx2_softcap, x_lanes_range_mask, x_lanes_softmax, SDPA__LANES,
     sdpa__avx2_dot_rows, sdpa__avx2_row_max, sdpa__avx2_exp_sum, sdpa__avx2_axpy_rows, sdpa__avx2_all_finite,
     sdpa__avx2_pack_lanes, sdpa__avx2_unpack_lanes,
+    NULL, NULL, /* no multi-row decode members: kernel_decode loops over the rows */
 };

@@ -180,8 +180,15 @@ static void z_lanes_softmax(float *t, int64_t n, int64_t nl, int64_t ld, float *
  * current tile fetch the next one (the cache is contiguous per (b, kv head) in the common
  * layout); a prefetch never faults. */
 #define PF_BYTES 8192
+#define PF_MULTI (2 * PF_BYTES) /* the multi-row kernels: less work per byte, so further ahead */
 
 AI __mmask16 head16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
+
+AI void prefetch_row_at(const float *r, int64_t ne, int64_t ahead) {
+    const char *c = (const char *)r + ahead;
+    for (int64_t b = 0; b < ne * (int64_t)sizeof(float); b += 64)
+        _mm_prefetch(c + b, _MM_HINT_T0);
+}
 
 AI void prefetch_row(const float *r, int64_t ne) {
     const char *c = (const char *)r + PF_BYTES;
@@ -312,6 +319,164 @@ static void z_axpy_rows(float *o, int64_t nev, float alpha, const float *p, cons
     }
 }
 
+/* 4 sums of 16 lanes each -> one 4-lane vector, by the same tree per sum as hsum8x16 (so a key's
+ * score does not depend on which of the two computes it). */
+AI __m128 hsum4x16(const __m512 *a) {
+    __m256 h[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u)
+        h[u] = _mm256_add_ps(_mm512_castps512_ps256(a[u]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[u]), 1)));
+    const __m256 g = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
+}
+
+/* dot_rows for NR (<= 4) rows at once: per e step each K vector is loaded once for all rows.
+ * Keys in whole blocks of 8 (as z_dot_rows sees them) are summed by hsum4x16 four at a time,
+ * the others by _mm512_reduce_add_ps, as in z_dot_rows. */
+AI void dotm_block(const int NR, const float *const *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n,
+                   float *const *s, int64_t soff, bool pf) {
+    const int64_t ev = ne & ~(int64_t)15;
+    const __mmask16 tm = head16(ne - ev);
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8)
+        for (int64_t hf = 0; hf < 8; hf += 4) {
+            const float *kr = k + (t + hf) * ks;
+            __m512 a[4][4];
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; ++u)
+                    a[r][u] = _mm512_setzero_ps();
+            if (pf)
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; ++u)
+                    prefetch_row_at(kr + u * ks, ne, PF_MULTI);
+            for (int64_t e = 0; e < ev; e += 16) {
+                __m512 kv[4];
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; ++u)
+                    kv[u] = _mm512_loadu_ps(kr + u * ks + e);
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; ++r) {
+                    const __m512 qv = _mm512_loadu_ps(q[r] + e);
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; ++u)
+                        a[r][u] = _mm512_fmadd_ps(qv, kv[u], a[r][u]);
+                }
+            }
+            if (tm) {
+                __m512 kv[4];
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; ++u)
+                    kv[u] = _mm512_maskz_loadu_ps(tm, kr + u * ks + ev);
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; ++r) {
+                    const __m512 qv = _mm512_maskz_loadu_ps(tm, q[r] + ev);
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; ++u)
+                        a[r][u] = _mm512_fmadd_ps(qv, kv[u], a[r][u]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; ++r)
+                _mm_storeu_ps(s[r] + soff + t + hf, hsum4x16(a[r]));
+        }
+    for (; t < n; ++t) {
+        const float *kr = k + t * ks;
+        if (pf)
+            prefetch_row_at(kr, ne, PF_MULTI);
+        __m512 a[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r)
+            a[r] = _mm512_setzero_ps();
+        for (int64_t e = 0; e < ev; e += 16) {
+            const __m512 kv = _mm512_loadu_ps(kr + e);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; ++r)
+                a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + e), kv, a[r]);
+        }
+        if (tm) {
+            const __m512 kv = _mm512_maskz_loadu_ps(tm, kr + ev);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; ++r)
+                a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q[r] + ev), kv, a[r]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r)
+            s[r][soff + t] = _mm512_reduce_add_ps(a[r]);
+    }
+}
+
+static void z_dot_rows_multi(int64_t nr, const float *const *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n,
+                             float *const *s) {
+    int64_t r = 0;
+    for (; r + 4 <= nr; r += 4)
+        dotm_block(4, q + r, ne, k, ks, n, s + r, 0, r == 0);
+    switch (nr - r) {
+    case 3: dotm_block(3, q + r, ne, k, ks, n, s + r, 0, r == 0); break;
+    case 2: dotm_block(2, q + r, ne, k, ks, n, s + r, 0, r == 0); break;
+    case 1: dotm_block(1, q + r, ne, k, ks, n, s + r, 0, r == 0); break;
+    default: break;
+    }
+}
+
+/* axpy_rows for NR (<= 4) rows at once, 64 elements of o per pass over the used rows: each V
+ * vector is loaded once for all rows. Per element: alpha * o, then the FMAs in t order, as in
+ * z_axpy_rows. */
+AI void axpym_block(const int NR, float *const *o, int64_t nev, const float *alpha, const float *const *p,
+                    const int32_t *idx, int64_t cnt, const float *v, ptrdiff_t vs, bool pf) {
+    for (int64_t d = 0; d < nev; d += 64) {
+        const int64_t rest = nev - d;
+        __mmask16 mk[4];
+        __m512 a[4][4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u)
+            mk[u] = 16 * u < rest ? head16(rest - 16 * u) : (__mmask16)0;
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+            const __m512 al = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; ++u)
+                a[r][u] = _mm512_mul_ps(al, _mm512_maskz_loadu_ps(mk[u], o[r] + d + 16 * u));
+        }
+        const bool pfd = pf && d == 0;
+        for (int64_t t = 0; t < cnt; ++t) {
+            const float *vr = v + (ptrdiff_t)idx[t] * vs + d;
+            if (pfd)
+                prefetch_row_at(vr, nev, PF_MULTI);
+            __m512 vv[4];
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; ++u)
+                vv[u] = _mm512_maskz_loadu_ps(mk[u], vr + 16 * u);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; ++r) {
+                const __m512 w = _mm512_set1_ps(p[r][idx[t]]);
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; ++u)
+                    a[r][u] = _mm512_fmadd_ps(w, vv[u], a[r][u]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; ++u)
+                _mm512_mask_storeu_ps(o[r] + d + 16 * u, mk[u], a[r][u]);
+    }
+}
+
+static void z_axpy_rows_multi(int64_t nr, float *const *o, int64_t nev, const float *alpha, const float *const *p,
+                              const int32_t *idx, int64_t cnt, const float *v, ptrdiff_t vs) {
+    int64_t r = 0;
+    for (; r + 4 <= nr; r += 4)
+        axpym_block(4, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0);
+    switch (nr - r) {
+    case 3: axpym_block(3, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0); break;
+    case 2: axpym_block(2, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0); break;
+    case 1: axpym_block(1, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0); break;
+    default: break;
+    }
+}
+
 static bool z_all_finite(const float *x, int64_t n) {
     const __m512i ex = _mm512_set1_epi32(0x7f800000);
     __mmask16 bm = 0, bm2 = 0;
@@ -334,4 +499,5 @@ const sdpa__mk sdpa__mk_avx512 = {
     z_lanes_gemm, sdpa__avx2_softcap, z_lanes_range_mask, z_lanes_softmax, 2 * SDPA__LANES,
     z_dot_rows, z_row_max, z_exp_sum, z_axpy_rows, z_all_finite,
     sdpa__avx2_pack_lanes, sdpa__avx2_unpack_lanes,
+    z_dot_rows_multi, z_axpy_rows_multi,
 };

@@ -147,6 +147,7 @@ const sdpa__mk sdpa__mk_portable = {
     p_lanes_gemm, p_softcap, p_lanes_range_mask, p_lanes_softmax, SDPA__LANES,
     p_dot_rows, p_row_max, p_exp_sum, p_axpy_rows, p_all_finite,
     p_pack_lanes, p_unpack_lanes,
+    NULL, NULL, /* no multi-row decode members: kernel_decode loops over the rows */
 };
 
 bool sdpa__finite_strided(const sdpa__mk *mk, const float *x, int64_t n, int64_t stride) {

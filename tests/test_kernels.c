@@ -551,12 +551,18 @@ static void kernels_decode_split_matches_reference(void **state)
 /* GQA decode equals per-head decode, bit for bit: with 4 query heads per kv head the decode
  * kernel shares each K/V tile among the group's rows (in L1-sized sub-tiles); the same call
  * with K/V repeated per query head (one row per item) must give the same bits, on every
- * micro-kernel set, with and without a causal mask, at E and Ev with vector tails. */
+ * micro-kernel set, with and without a causal mask, at E and Ev with vector tails. With the
+ * multi-row micro-kernels (dot_rows_multi, axpy_rows_multi) this also checks that they sum each
+ * row as dot_rows / axpy_rows do. */
 static void kernels_gqa_decode_equals_per_head_decode(void **state)
 {
     (void)state;
-    const int64_t B = 2, Hq = 8, Hkv = 2, G = Hq / Hkv, S = 700, E = 72, Ev = 40;
-    for (int64_t L = 1; L <= 2; ++L) {
+    /* Groups of 4 and of 3 (rows of 4 and of 3, 6, 9 per group: the multi-row micro-kernels'
+     * remainders), E and Ev with and without vector tails. */
+    static const int64_t cfg[2][4] = {{8, 2, 72, 40}, {6, 2, 128, 136}};
+    for (int ci = 0; ci < 2; ++ci)
+    for (int64_t L = 1; L <= 3; ++L) {
+    const int64_t B = 2, Hq = cfg[ci][0], Hkv = cfg[ci][1], G = Hq / Hkv, S = 700, E = cfg[ci][2], Ev = cfg[ci][3];
         float *q = malloc((size_t)(B * Hq * L * E) * sizeof(float));
         float *k = malloc((size_t)(B * Hkv * S * E) * sizeof(float)), *v = malloc((size_t)(B * Hkv * S * Ev) * sizeof(float));
         float *kr = malloc((size_t)(B * Hq * S * E) * sizeof(float)), *vr = malloc((size_t)(B * Hq * S * Ev) * sizeof(float));
