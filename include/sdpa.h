@@ -550,6 +550,9 @@ typedef struct sdpa_options {
      *  key_lengths and query_offsets are indexed by r; query_lengths and allow_mask/bias are not
      *  available with cu_seqlens_q (SDPA_ERR_UNSUPPORTED). */
     const int32_t *cu_seqlens_q;
+    /** Packed keys (nullable): int32 [num_seqs + 1]; sequence r's keys are rows
+     *  [cu_seqlens_k[r], cu_seqlens_k[r+1]) of k [1, Hkv, total_k, E] and v (see cu_seqlens_q;
+     *  NULL with a block table: the paged cache gives the keys). */
     const int32_t *cu_seqlens_k;
     /** Sequences R of a packed batch (>= 0; used only with cu_seqlens_q). */
     int64_t num_seqs;
