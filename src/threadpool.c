@@ -31,7 +31,10 @@ static void *worker_main(void *arg) {
     const int k = ws->index;
     free(ws);
     pthread_mutex_lock(&pool->mu);
-    uint64_t seen = pool->gen;
+    /* The generation the pool was created with (0), not the current one: a call made before
+     * this thread got here has already incremented gen, and its job k must still run here
+     * (reading pool->gen here lost that call's wake-up: the caller waited forever). */
+    uint64_t seen = 0;
     for (;;) {
         while (pool->gen == seen && !pool->stop)
             pthread_cond_wait(&pool->go, &pool->mu);
