@@ -277,7 +277,7 @@ void sdpa__fallback_row_double(const sdpa__plan *p, const sdpa__dropout *drop, i
 
 /* Row (b, h, i) of out (element d at d * out.strides[3] elements of out's dtype). */
 static inline void *sdpa__out_row(const sdpa__plan *p, int64_t b, int64_t h, int64_t i) {
-    if (p->out.data == NULL) /* an empty out (Ev = 0) */
+    if (p->out.data == NULL || p->Ev == 0) /* an empty out (Ev = 0): its strides were never checked */
         return NULL;
     const int64_t off = b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2];
     return (char *)p->out.data + off * (p->out.dtype == SDPA_DTYPE_F32 ? 4 : 2);

@@ -183,7 +183,7 @@ static int softmax_row(const sdpa__plan *p, const sdpa__dropout *drop, int64_t b
 static void row_outputs(const sdpa__plan *p, int64_t b, int64_t h, int64_t i, void **orow, float **wrow,
                         float **lrow) {
     *orow = sdpa__out_row(p, b, h, i);
-    *wrow = p->has_weights
+    *wrow = p->has_weights && p->S > 0 /* weights with no element (S = 0): strides never checked */
                 ? at(p->weights.data, b * p->weights.strides[0] + h * p->weights.strides[1] + i * p->weights.strides[2])
                 : NULL;
     *lrow = p->has_lse ? at(p->lse, b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]) : NULL;
