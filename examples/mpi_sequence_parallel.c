@@ -86,6 +86,22 @@ static sdpa_status part(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_t
     return sdpa_attention(q, k, v, &opt, &tout, NULL, &tlse);
 }
 
+/* One process's answer (the reference): q [B, Hq, L, E] over the whole cache k/v, causal
+ * bottom-right, into ref [B*Hq*L*Ev] and ref_lse [B*Hq*L]. */
+static sdpa_status one_process(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v, float *ref,
+                               float *ref_lse) {
+    const int64_t L = q->shape[2];
+    sdpa_tensor tr = view4(ref, B, HQ, L, EV, HQ * L * EV, L * EV, EV, 1), tl;
+    int64_t ls[3] = {B, HQ, L};
+    sdpa_options opt;
+    CHECK(sdpa_tensor_init(&tl, ref_lse, 3, ls));
+    sdpa_options_init(&opt);
+    opt.causal = 1;
+    opt.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    opt.num_threads = 1;
+    return sdpa_attention(q, k, v, &opt, &tr, NULL, &tl);
+}
+
 /* -------------------------------------------------- the reduction: sdpa_merge on rows */
 /* A reduction element is one query row: Ev output floats then its lse (MPI type "row").
  * (out and lse travel in one buffer; sdpa_merge wants them apart, so the operation unpacks
@@ -212,15 +228,7 @@ int main(int argc, char **argv) {
     allreduce_merge(out, lse, (int64_t)B * HQ * L);
     {
         sdpa_tensor tk = cache_view(kg, cap, S, E), tv = cache_view(vg, cap, S, EV);
-        sdpa_tensor tr = view4(ref, B, HQ, L, EV, (int64_t)HQ * L * EV, (int64_t)L * EV, EV, 1), tl;
-        int64_t ls[3] = {B, HQ, L};
-        sdpa_options opt;
-        CHECK(sdpa_tensor_init(&tl, ref_lse, 3, ls));
-        sdpa_options_init(&opt);
-        opt.causal = 1;
-        opt.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
-        opt.num_threads = 1;
-        CHECK(sdpa_attention(&tq, &tk, &tv, &opt, &tr, NULL, &tl));
+        CHECK(one_process(&tq, &tk, &tv, ref, ref_lse));
     }
     double err = fmax(max_diff(out, ref, (int64_t)B * HQ * L * EV), max_diff(lse, ref_lse, (int64_t)B * HQ * L));
     ok &= report("prefill f32 (allreduce of sdpa_merge)", err);
@@ -248,15 +256,7 @@ int main(int argc, char **argv) {
         CHECK(part(&tqd, &tk, &tv, 0, 0, 0, out, lse));
         allreduce_merge(out, lse, (int64_t)B * HQ);
         sdpa_tensor tkg = cache_view(kg, cap, pos + 1, E), tvg = cache_view(vg, cap, pos + 1, EV);
-        sdpa_tensor tr = view4(ref, B, HQ, 1, EV, HQ * EV, EV, EV, 1), tl;
-        int64_t ls[3] = {B, HQ, 1};
-        sdpa_options opt;
-        CHECK(sdpa_tensor_init(&tl, ref_lse, 3, ls));
-        sdpa_options_init(&opt);
-        opt.causal = 1;
-        opt.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
-        opt.num_threads = 1;
-        CHECK(sdpa_attention(&tqd, &tkg, &tvg, &opt, &tr, NULL, &tl));
+        CHECK(one_process(&tqd, &tkg, &tvg, ref, ref_lse));
         derr = fmax(derr, fmax(max_diff(out, ref, B * HQ * EV), max_diff(lse, ref_lse, B * HQ)));
     }
     ok &= report("decode f32, 4 steps (allreduce)", derr);
