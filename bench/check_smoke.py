@@ -18,6 +18,12 @@
 - every ok library row agrees with the reference path and with the double-precision check
   within the row's tolerance (1e-4 for f32; for f16/bf16 the bench's dtype tolerance, at most
   2 * 2^-7), its kernel name is set; the FMA rows report GF/s > 0.
+- the serving rows of issue 10 (cases named paged-..., mixed-..., sinkalibi-..., pool-...; their
+  candidates in SERVING below) are all there at threads 1 and 2 for the dtypes --list names, ok,
+  within tolerance of the reference path and the double-precision check (sinks, ALiBi, causal
+  bottom-right per packed sequence included), with a kernel name; the floors have their GB/s or
+  GF/s; and every row that must match another bit for bit (paged vs dense, packed and
+  packed-paged vs per-seq, threadpool vs builtin: note same_bits_as_X) does.
 A forced kernel whose reported name does not start with the path's name is printed as a
 warning (the row shows which kernel really ran).
 
@@ -37,6 +43,13 @@ COLUMNS = ["shape", "path", "dtype", "thr", "status", "kernel", "reps", "median_
 NUMERIC = ["median_ms", "min_ms", "GF/s", "GF/s_eff", "GB/s", "cores", "ws_MiB", "rss_MiB", "diff_ref", "diff_naive"]
 LIBRARY = ("reference", "tiled", "decode", "auto", "prev-0.3:tiled", "prev-0.3:decode", "prev-0.3:auto")
 PREV = ("prev-0.3:tiled", "prev-0.3:auto")
+# Issue 10 serving cases (sdpa_bench.c, sv_vars_of): kind -> (library candidates, floors).
+SERVING = {
+    "paged": (("dense", "paged"), ("bw-floor",)),
+    "mixed": (("packed", "packed-paged", "per-seq"), ("blas-floor-prefill", "bw-floor-decode")),
+    "sinkalibi": (("plain", "sinks", "alibi", "sinks+alibi"), ()),
+    "pool": (("builtin", "threadpool"), ("bw-floor",)),
+}
 
 
 def fail(msg):
@@ -46,6 +59,41 @@ def fail(msg):
 
 def num(s):
     return None if s == "-" else float(s)
+
+
+def check_serving_row(row, c, where, not_run):
+    """One row of an issue-10 serving case; returns 1 when it was checked as ok."""
+    lib, floors = SERVING[row["shape"].split("-", 1)[0]]
+    if row["status"] == "unsupported":
+        # Only a reduced dtype the library answers with SDPA_ERR_DTYPE may be "not run".
+        if row["dtype"] == "f32" or not row["note"].startswith("not_run:") or "SDPA_ERR_DTYPE" not in row["note"]:
+            fail(f"{where}: this serving row must run ({row['note']})")
+        not_run[row["dtype"]] = not_run.get(row["dtype"], 0) + 1
+        return 0
+    if row["reps"] < 2 or row["median_ms"] is None or row["median_ms"] < 0:
+        fail(f"{where}: no timing")
+    if row["path"] in floors:
+        if row["path"].startswith("bw-floor") and row["GB/s"] is None:
+            fail(f"{where}: no GB/s")
+        if row["path"].startswith("blas-floor") and row["GF/s"] is None:
+            fail(f"{where}: no GF/s")
+        return 1
+    if row["path"] not in lib:
+        fail(f"{where}: unknown serving path")
+    if row["kernel"] in ("-", "?"):
+        fail(f"{where}: no kernel name")
+    if row["GF/s"] is None or row["GF/s"] < 0:
+        fail(f"{where}: no GFLOP/s")
+    tol = TOL if row["dtype"] == "f32" else min(float(c["tol"]), TOL_REDUCED_MAX)
+    for k in ("diff_ref", "diff_naive"):
+        if row[k] is None or not row[k] <= tol:
+            fail(f"{where}: {k} = {row[k]} exceeds {tol}")
+    for field in row["note"].split(";"):
+        if field.startswith("same_bits_as_") and not field.endswith("=1"):
+            fail(f"{where}: the library promises the same bits as another row ({field})")
+    if row["path"] in ("paged", "packed", "packed-paged", "threadpool") and "same_bits_as_" not in row["note"]:
+        fail(f"{where}: no bit-for-bit comparison in the note ({row['note']})")
+    return 1
 
 
 def main():
@@ -95,6 +143,12 @@ def main():
         if name == "peak-fma":
             expected |= {(name, p, "f32", t) for p in ("fma-avx512", "fma-avx2") for t in THREADS}
             continue
+        if name.split("-", 1)[0] in SERVING:
+            lib, floors = SERVING[name.split("-", 1)[0]]
+            for dt in dtypes:
+                paths = list(lib) + [p for p in floors if dt == "f32" or p != "blas-floor-prefill"]
+                expected |= {(name, p, dt, t) for p in paths for t in THREADS}
+            continue
         L = int(name.split("-", 1)[1].split("x")[2])
         for dt in dtypes:
             if dt == "f32":
@@ -122,6 +176,7 @@ def main():
 
     warnings = 0
     not_run = {}
+    n_serving = 0
     for row in rows:
         where = f"{row['shape']} {row['path']} {row['dtype']} threads={row['thr']}"
         c = csv_keys[(row["shape"], row["path"], row["dtype"], row["thr"])]
@@ -133,6 +188,9 @@ def main():
             fail(f"{where}: CSV dtypes {c['q_dtype']}/{c['kv_dtype']}/{c['out_dtype']}, want {want_dt}")
         if row["status"] not in ("ok", "unsupported"):
             fail(f"{where}: status {row['status']} ({row['note']})")
+        if row["shape"].split("-", 1)[0] in SERVING:
+            n_serving += check_serving_row(row, c, where, not_run)
+            continue
         if row["dtype"] == "f32" and row["path"] in ("reference",) + PREV + ("prev-0.3:decode",) \
                 and row["status"] != "ok":
             fail(f"{where}: this path must run")
@@ -176,7 +234,10 @@ def main():
         print(f"bench_smoke: not run: {n} row(s): {what}")
     if not baseline:
         print("bench_smoke: not run: prev-0.3 candidates (no baseline configured: meson -Dbench_baseline=PATH)")
-    print(f"bench_smoke: {len(rows)} rows checked, {sum(not_run.values())} not run, {warnings} warning(s)")
+    if n_serving == 0:
+        fail("no serving (issue 10) rows were checked")
+    print(f"bench_smoke: {len(rows)} rows checked ({n_serving} serving rows), {sum(not_run.values())} not run, "
+          f"{warnings} warning(s)")
 
 
 if __name__ == "__main__":

@@ -1277,6 +1277,945 @@ static void bench_case(const shape *s, const dtype_combo *dt, const config *cfg)
     free(d.scores);
 }
 
+/* ============================================================================================
+ * Serving rows (issue 10, libsdpa 0.5): paged decode, a mixed packed batch, sinks and ALiBi,
+ * a caller thread pool. Same scheme as bench_case() (warm-up, one untimed memory probe, the
+ * candidates round-robin in a BLAS-free phase and a BLAS phase, medians and spread, the kernel
+ * that ran, every library output checked against the reference path and a double-precision
+ * evaluation), but the candidates of a case are different calls over the same keys:
+ *
+ *   paged-BxHxLxSxE-bsN   (decode, f32 / f16kv / bf16kv caches; key_lengths = S for all rows)
+ *       dense        sdpa_attention on the contiguous [B, Hkv, S, E] cache (key_lengths set)
+ *       paged        the same keys in a block pool [num_blocks, Hkv, N, E] with a block table:
+ *                    blocks in random order, 3 unused blocks and the slots past S full of NaN
+ *       bw-floor     one sequential read of the K and V bytes (as the decode rows)
+ *   mixed-Px L+Dx1-S..-H..-kv..-E..   (f32; one engine step: P prefill chunks of L queries and
+ *                    D decode rows, every sequence over S keys, causal bottom-right)
+ *       packed       ONE call: cu_seqlens_q, keys packed [1, Hkv, total_k, E] with cu_seqlens_k
+ *       packed-paged ONE call: cu_seqlens_q, keys in a block pool (block size 16, random order)
+ *       per-seq      the P + D calls one by one (B = 1 each, strided views of the same buffers)
+ *       blas-floor-prefill  the two sgemm per (chunk, head) of the prefill chunks (dense)
+ *       bw-floor-decode     a sequential read of the decode rows' K and V bytes
+ *   sinkalibi-BxHxLxSxE   (f32, alignment bottom-right, slopes sdpa_alibi_slopes(H, 8))
+ *       plain, sinks, alibi, sinks+alibi   the same call with and without them
+ *   pool-BxHxLxSxE        (f32 decode)
+ *       builtin      the library's per-call threads (num_threads = the row's count)
+ *       threadpool   a caller sdpa_threadpool of the row's thread count, created before timing
+ *       bw-floor     as above (its targets use the faster of the 1- and 2-thread floor)
+ *
+ * The reference output of a case is the reference kernel on an independent form of the same
+ * call: dense keys (paged, pool), the per-sequence calls (mixed), the same options (sinkalibi).
+ * Library rows whose result the library promises bit for bit (paged vs dense, packed vs
+ * per-seq, threadpool vs builtin, same thread count) say so in the note (same_bits_as_X=1|0).
+ * =========================================================================================== */
+
+typedef enum sv_kind { SV_PAGED, SV_MIXED, SV_SINKALIBI, SV_POOL } sv_kind;
+static const char *const sv_kind_names[] = {"paged", "mixed", "sinkalibi", "pool"};
+
+typedef struct sv_spec {
+    sv_kind kind;
+    int64_t B, H, Hkv, L, S, E; /* SV_MIXED: B prefill chunks of L queries (plus n_dec decode rows) */
+    int64_t n_dec;
+    int64_t block_size;         /* paged caches (SV_PAGED, packed-paged) */
+    unsigned dtypes;
+} sv_spec;
+
+static const sv_spec sv_full_specs[] = {
+    {SV_PAGED, 1, 32, 32, 1, 4096, 128, 0, 16, DT_DECODE},
+    {SV_PAGED, 8, 32, 32, 1, 1024, 128, 0, 16, DT_DECODE},
+    /* A Llama-3-8B-like layer (32 query heads, 8 KV heads, E = 128). */
+    {SV_MIXED, 4, 32, 8, 512, 2048, 128, 60, 16, F32_ONLY},
+    {SV_SINKALIBI, 1, 8, 8, 1024, 1024, 64, 0, 0, F32_ONLY},
+    {SV_SINKALIBI, 1, 32, 32, 1, 4096, 128, 0, 0, F32_ONLY},
+    {SV_POOL, 1, 32, 32, 1, 256, 128, 0, 0, F32_ONLY},
+};
+
+static const sv_spec sv_smoke_specs[] = {
+    {SV_PAGED, 1, 4, 4, 1, 64, 16, 0, 16, DT_DECODE},
+    {SV_PAGED, 2, 4, 2, 1, 40, 8, 0, 16, DT_DECODE}, /* GQA; the last block is partly used */
+    {SV_MIXED, 2, 4, 2, 12, 20, 8, 3, 16, F32_ONLY}, /* chunks of 12 > 8: the packed long path too */
+    {SV_SINKALIBI, 1, 2, 2, 16, 16, 8, 0, 0, F32_ONLY},
+    {SV_SINKALIBI, 1, 4, 4, 1, 64, 16, 0, 0, F32_ONLY},
+    {SV_POOL, 1, 4, 4, 1, 32, 16, 0, 0, F32_ONLY},
+};
+
+typedef enum sv_var {
+    SVP_DENSE, SVP_PAGED, SVP_BW, SVP_PACKED, SVP_PACKED_PAGED, SVP_PERSEQ, SVP_BLAS_PREFILL, SVP_BW_DECODE,
+    SVP_PLAIN, SVP_SINKS, SVP_ALIBI, SVP_BOTH, SVP_BUILTIN, SVP_POOL, SVP_COUNT
+} sv_var;
+static const char *const sv_var_names[SVP_COUNT] = {
+    "dense", "paged", "bw-floor", "packed", "packed-paged", "per-seq", "blas-floor-prefill", "bw-floor-decode",
+    "plain", "sinks", "alibi", "sinks+alibi", "builtin", "threadpool"};
+
+static int sv_var_is_floor(sv_var v) { return v == SVP_BW || v == SVP_BLAS_PREFILL || v == SVP_BW_DECODE; }
+
+/* The candidates of each kind, in row order. */
+static int sv_vars_of(sv_kind kind, sv_var *out) {
+    static const sv_var paged[] = {SVP_DENSE, SVP_PAGED, SVP_BW};
+    static const sv_var mixed[] = {SVP_PACKED, SVP_PACKED_PAGED, SVP_PERSEQ, SVP_BLAS_PREFILL, SVP_BW_DECODE};
+    static const sv_var feat[] = {SVP_PLAIN, SVP_SINKS, SVP_ALIBI, SVP_BOTH};
+    static const sv_var pool[] = {SVP_BUILTIN, SVP_POOL, SVP_BW};
+    const sv_var *v = kind == SV_PAGED ? paged : kind == SV_MIXED ? mixed : kind == SV_SINKALIBI ? feat : pool;
+    int n = kind == SV_PAGED ? 3 : kind == SV_MIXED ? 5 : kind == SV_SINKALIBI ? 4 : 3;
+    memcpy(out, v, (size_t)n * sizeof *v);
+    return n;
+}
+
+/* Which reference output a candidate is compared with (sinkalibi: one per option set), and
+ * the candidate whose call, with the reference kernel, makes it. */
+static int sv_ref_id(sv_var v) { return v == SVP_SINKS ? 1 : v == SVP_ALIBI ? 2 : v == SVP_BOTH ? 3 : 0; }
+static sv_var sv_ref_var(sv_var v) {
+    switch (v) {
+    case SVP_PAGED: return SVP_DENSE;
+    case SVP_PACKED:
+    case SVP_PACKED_PAGED: return SVP_PERSEQ;
+    case SVP_POOL: return SVP_BUILTIN;
+    default: return v;
+    }
+}
+/* The candidate a library row must match bit for bit at the same thread count, or -1. */
+static int sv_same_bits_as(sv_var v) {
+    return v == SVP_PAGED ? SVP_DENSE : (v == SVP_PACKED || v == SVP_PACKED_PAGED) ? SVP_PERSEQ
+                                      : v == SVP_POOL ? SVP_BUILTIN : -1;
+}
+
+typedef struct sv_cand {
+    sv_var var;
+    int threads;
+    sdpa_threadpool *pool; /* SVP_POOL */
+    cand_state state;
+    char kernel[96];
+    char note[200];
+    double times[MAX_REPS];
+    int ntimes;
+    double cpu_ms_sum, wall_ms_sum;
+    size_t ws_bytes;
+    long long rss_growth;
+    double diff_ref, diff_naive;
+    void *out; /* out dtype, n_out elements */
+} sv_cand;
+
+typedef struct sv_case {
+    const sv_spec *sp;
+    const dtype_combo *dt;
+    char name[96];
+    int64_t R, H, Hkv, E, Tq, Tk; /* sequences, heads, head width, query rows, key rows in all */
+    int64_t n_pre;                /* SV_MIXED: the first n_pre sequences are prefill chunks */
+    int packed;                   /* q [1, H, Tq, E], k/v [1, Hkv, Tk, E]; else [R, H, L, E], [R, Hkv, S, E] */
+    int64_t *Lr, *Sr, *q_r0, *k_r0; /* per sequence: queries, keys, first element of head 0 */
+    int64_t qsH, ksH;             /* elements between heads in q (and out) and in k/v */
+    int32_t *cu_q, *cu_k;
+    int64_t *lens;                /* key_lengths = Sr */
+    float *q, *k, *v;             /* float32 values (the stored ones, widened) */
+    void *qs, *ks, *vs;           /* as stored (== q, k, v for f32) */
+    void *kpool, *vpool;          /* paged: [num_blocks, Hkv, bs, E] */
+    int32_t *table;
+    int64_t num_blocks, max_blocks, bs;
+    float *sinks, *slopes;
+    float *scores, *floor_out;    /* the BLAS floor's buffers */
+    void *ref_out[4];
+    float *ref_f[4];
+    int have_ref[4];
+    float *out_f;
+    size_t n_out;
+    double tol;
+    int decode_like;              /* flushed before each call under --flush decode */
+    sdpa_threadpool *pools[MAX_THREADS_LIST];
+} sv_case;
+
+static void sv_name(const sv_spec *sp, char *buf, size_t n) {
+    if (sp->kind == SV_MIXED) {
+        snprintf(buf, n, "mixed-%lldx%lld+%lldx1-S%lld-H%lld-kv%lld-E%lld", (long long)sp->B, (long long)sp->L,
+                 (long long)sp->n_dec, (long long)sp->S, (long long)sp->H, (long long)sp->Hkv, (long long)sp->E);
+        return;
+    }
+    int len = snprintf(buf, n, "%s-%lldx%lldx%lldx%lldx%lld", sv_kind_names[sp->kind], (long long)sp->B,
+                       (long long)sp->H, (long long)sp->L, (long long)sp->S, (long long)sp->E);
+    if (len > 0 && (size_t)len < n && sp->Hkv != sp->H)
+        len += snprintf(buf + len, n - (size_t)len, "-kv%lld", (long long)sp->Hkv);
+    if (len > 0 && (size_t)len < n && sp->kind == SV_PAGED)
+        snprintf(buf + len, n - (size_t)len, "-bs%lld", (long long)sp->block_size);
+}
+
+static int sv_selected(const char *name, const char *filter) {
+    if (!filter || !*filter)
+        return 1;
+    char tok[96];
+    for (const char *p = filter; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n > 0 && n < sizeof tok) {
+            memcpy(tok, p, n);
+            tok[n] = '\0';
+            if (strstr(name, tok))
+                return 1;
+        }
+        p += n;
+        if (*p == ',')
+            ++p;
+    }
+    return 0;
+}
+
+/* Elements of one NaN of a dtype, for the unused slots and blocks of a pool. */
+static void sv_store_nan(void *dst, int32_t dt) {
+    if (dt == SDPA_DTYPE_F32) {
+        const float qnan = NAN;
+        memcpy(dst, &qnan, sizeof qnan);
+    } else {
+        const uint16_t w = dt == SDPA_DTYPE_F16 ? 0x7E00u : 0x7FC0u;
+        memcpy(dst, &w, sizeof w);
+    }
+}
+
+/* A block pool holding the case's keys (and values) in random block order: block_table row r
+ * names the blocks of sequence r; 3 more blocks are never named; every slot that holds no key
+ * (past S_r, unused blocks) is NaN, which the library must never read. */
+static void sv_build_pool(sv_case *c, int64_t bs) {
+    const size_t es = dtype_size(c->dt->kv);
+    const int64_t E = c->E, Hkv = c->Hkv;
+    int64_t maxS = 0;
+    for (int64_t r = 0; r < c->R; ++r)
+        maxS = c->Sr[r] > maxS ? c->Sr[r] : maxS;
+    c->bs = bs;
+    c->max_blocks = (maxS + bs - 1) / bs;
+    c->num_blocks = c->R * c->max_blocks + 3;
+    int64_t *perm = (int64_t *)xalloc((size_t)c->num_blocks * sizeof *perm);
+    for (int64_t i = 0; i < c->num_blocks; ++i)
+        perm[i] = i;
+    for (int64_t i = c->num_blocks - 1; i > 0; --i) { /* Fisher-Yates with the bench's generator */
+        int64_t j = (int64_t)((rand_uniform() + 1.0f) * 0.5f * (float)(i + 1));
+        j = j > i ? i : j < 0 ? 0 : j;
+        int64_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    c->table = (int32_t *)xalloc((size_t)(c->R * c->max_blocks) * sizeof *c->table);
+    const size_t pool_elems = (size_t)(c->num_blocks * Hkv * bs * E);
+    c->kpool = xalloc(pool_elems * es);
+    c->vpool = xalloc(pool_elems * es);
+    unsigned char *kp = (unsigned char *)c->kpool, *vp = (unsigned char *)c->vpool;
+    for (size_t i = 0; i < pool_elems; ++i) {
+        sv_store_nan(kp + i * es, c->dt->kv);
+        sv_store_nan(vp + i * es, c->dt->kv);
+    }
+    const unsigned char *ks = (const unsigned char *)c->ks, *vs = (const unsigned char *)c->vs;
+    for (int64_t r = 0; r < c->R; ++r)
+        for (int64_t b = 0; b < c->max_blocks; ++b) {
+            const int64_t blk = perm[r * c->max_blocks + b];
+            c->table[r * c->max_blocks + b] = (int32_t)blk;
+            for (int64_t h = 0; h < Hkv; ++h)
+                for (int64_t s = 0; s < bs && b * bs + s < c->Sr[r]; ++s) {
+                    const size_t dst = (size_t)(((blk * Hkv + h) * bs + s) * E) * es;
+                    const size_t src = (size_t)(c->k_r0[r] + h * c->ksH + (b * bs + s) * E) * es;
+                    memcpy(kp + dst, ks + src, (size_t)E * es);
+                    memcpy(vp + dst, vs + src, (size_t)E * es);
+                }
+        }
+    free(perm);
+}
+
+/* Work of one candidate: dense-equivalent flops, flops over the allowed pairs, K/V bytes read. */
+static void sv_work(const sv_case *c, sv_var v, double *fd, double *fe, double *bytes) {
+    const int64_t first = v == SVP_BW_DECODE ? c->n_pre : 0;
+    const int64_t last = v == SVP_BLAS_PREFILL ? c->n_pre : c->R;
+    const int causal = c->sp->kind == SV_MIXED;
+    *fd = *fe = *bytes = 0;
+    for (int64_t r = first; r < last; ++r) {
+        const double L = (double)c->Lr[r], S = (double)c->Sr[r];
+        double pairs = L * S;
+        if (causal) /* bottom-right: row i sees S - L + i + 1 keys (at most S) */
+            pairs = L * (S - L) + L * (L + 1) / 2;
+        *fd += 4.0 * (double)c->H * L * S * (double)c->E;
+        *fe += 4.0 * (double)c->H * pairs * (double)c->E;
+        *bytes += 2.0 * (double)c->Hkv * S * (double)c->E * (double)dtype_size(c->dt->kv);
+    }
+}
+
+/* ---- floors */
+
+typedef struct sv_seg {
+    const void *p;
+    size_t n; /* elements */
+} sv_seg;
+
+typedef struct sv_bw_task {
+    const sv_seg *segs;
+    int nseg;
+    size_t lo, hi, elem; /* elements [lo, hi) of the concatenated segments */
+    float result;
+} sv_bw_task;
+
+static void *sv_bw_main(void *arg) {
+    sv_bw_task *t = (sv_bw_task *)arg;
+    size_t base = 0;
+    float s = 0;
+    for (int i = 0; i < t->nseg; ++i) {
+        const size_t a = t->lo > base ? t->lo - base : 0;
+        const size_t b = t->hi - base < t->segs[i].n ? t->hi - base : t->segs[i].n;
+        if (t->hi > base && a < b) {
+            if (t->elem == 4)
+                s += sum_floats((const float *)t->segs[i].p + a, b - a);
+            else
+                s += (float)sum_words((const uint16_t *)t->segs[i].p + a, b - a);
+        }
+        base += t->segs[i].n;
+        if (base >= t->hi)
+            break;
+    }
+    t->result = s;
+    return NULL;
+}
+
+/* A sequential read of the segments, split in contiguous equal parts over `threads` pthreads. */
+static void sv_bw_floor(const sv_seg *segs, int nseg, size_t elem, int threads) {
+    sv_bw_task tasks[64];
+    pthread_t tid[64];
+    int started[64] = {0};
+    size_t total = 0;
+    for (int i = 0; i < nseg; ++i)
+        total += segs[i].n;
+    threads = threads > 64 ? 64 : threads;
+    for (int t = 0; t < threads; ++t)
+        tasks[t] = (sv_bw_task){segs, nseg, total * (size_t)t / (size_t)threads,
+                                total * (size_t)(t + 1) / (size_t)threads, elem, 0.0f};
+    for (int t = 1; t < threads; ++t)
+        started[t] = pthread_create(&tid[t], NULL, sv_bw_main, &tasks[t]) == 0;
+    sv_bw_main(&tasks[0]);
+    float s = tasks[0].result;
+    for (int t = 1; t < threads; ++t) {
+        if (started[t])
+            pthread_join(tid[t], NULL);
+        else
+            sv_bw_main(&tasks[t]);
+        s += tasks[t].result;
+    }
+    bw_sink = s;
+}
+
+static void sv_floor(sv_case *c, const sv_cand *k) {
+    const size_t es = dtype_size(c->dt->kv);
+    if (k->var == SVP_BW || k->var == SVP_BW_DECODE) {
+        /* K then V of sequences [first, R): per KV head one contiguous run in either layout
+         * (dense: all of them, contiguous; packed: the decode rows are the last sequences). */
+        sv_seg segs[2 * 1024];
+        int n = 0;
+        const int64_t first = k->var == SVP_BW_DECODE ? c->n_pre : 0;
+        if (!c->packed) {
+            const size_t all = (size_t)(c->R * c->Hkv * c->Sr[0] * c->E);
+            segs[n++] = (sv_seg){c->ks, all};
+            segs[n++] = (sv_seg){c->vs, all};
+        } else {
+            for (int t = 0; t < 2; ++t)
+                for (int64_t h = 0; h < c->Hkv && n < 2 * 1024; ++h) {
+                    const unsigned char *base = (const unsigned char *)(t ? c->vs : c->ks);
+                    const int64_t off = c->k_r0[first] + h * c->ksH;
+                    segs[n++] = (sv_seg){base + (size_t)off * es, (size_t)((c->Tk - c->cu_k[first]) * c->E)};
+                }
+        }
+        sv_bw_floor(segs, n, es, k->threads);
+        return;
+    }
+    /* SVP_BLAS_PREFILL: S = Q K^T and O = S V per (prefill chunk, query head), float32. */
+#ifdef SDPA_BENCH_OPENBLAS_THREADS
+    openblas_set_num_threads(k->threads);
+#endif
+    const int64_t E = c->E, group = c->H / c->Hkv;
+    for (int64_t r = 0; r < c->n_pre; ++r)
+        for (int64_t h = 0; h < c->H; ++h) {
+            const int64_t L = c->Lr[r], S = c->Sr[r];
+            const float *qb = c->q + c->q_r0[r] + h * c->qsH;
+            const float *kb = c->k + c->k_r0[r] + (h / group) * c->ksH, *vb = c->v + c->k_r0[r] + (h / group) * c->ksH;
+            float *ob = c->floor_out + c->q_r0[r] + h * c->qsH;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)L, (int)S, (int)E, 1.0f, qb, (int)E, kb, (int)E,
+                        0.0f, c->scores, (int)S);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)E, (int)S, 1.0f, c->scores, (int)S, vb,
+                        (int)E, 0.0f, ob, (int)E);
+        }
+}
+
+/* ---- library calls */
+
+static void sv_add_kernel(char *list, size_t n, const char *name) {
+    char tok[64];
+    snprintf(tok, sizeof tok, "%s", name && *name ? name : "?");
+    sanitize(tok);
+    for (const char *p = list; (p = strstr(p, tok)) != NULL; p += strlen(tok)) /* already listed */
+        if ((p == list || p[-1] == '+') && (p[strlen(tok)] == '\0' || p[strlen(tok)] == '+'))
+            return;
+    size_t len = strlen(list);
+    snprintf(list + len, n - len, "%s%s", len ? "+" : "", tok);
+}
+
+/* One library call of candidate k (its variant `var`) into `out`. reference: the same call with
+ * options.kernel = REFERENCE and the built-in threads. ws: only the workspace size (for the
+ * per-sequence calls, the largest). */
+static sdpa_status sv_call(sv_case *c, sv_cand *k, sv_var var, int reference, void *out, size_t *ws) {
+    const sv_spec *sp = c->sp;
+    const dtype_combo *dt = c->dt;
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.num_threads = k->threads;
+    o.kernel = reference ? SDPA_KERNEL_REFERENCE : SDPA_KERNEL_AUTO;
+    o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    o.causal = sp->kind == SV_MIXED;
+    sdpa_status st;
+    if (var == SVP_PERSEQ) {
+        const size_t eq = dtype_size(dt->q), ek = dtype_size(dt->kv), eo = dtype_size(dt->out);
+        if (!reference && !ws)
+            k->kernel[0] = '\0';
+        for (int64_t r = 0; r < c->R; ++r) {
+            const int64_t qshape[4] = {1, c->H, c->Lr[r], c->E}, kshape[4] = {1, c->Hkv, c->Sr[r], c->E};
+            const int64_t qstr[4] = {c->H * c->qsH, c->qsH, c->E, 1}, kstr[4] = {c->Hkv * c->ksH, c->ksH, c->E, 1};
+            sdpa_tensor tq, tk, tv, to;
+            if ((st = sdpa_tensor_init_strided(&tq, (const unsigned char *)c->qs + (size_t)c->q_r0[r] * eq,
+                                               (sdpa_dtype)dt->q, 4, qshape, qstr)) != SDPA_OK ||
+                (st = sdpa_tensor_init_strided(&tk, (const unsigned char *)c->ks + (size_t)c->k_r0[r] * ek,
+                                               (sdpa_dtype)dt->kv, 4, kshape, kstr)) != SDPA_OK ||
+                (st = sdpa_tensor_init_strided(&tv, (const unsigned char *)c->vs + (size_t)c->k_r0[r] * ek,
+                                               (sdpa_dtype)dt->kv, 4, kshape, kstr)) != SDPA_OK ||
+                (st = sdpa_tensor_init_strided(&to, (unsigned char *)out + (size_t)c->q_r0[r] * eo, (sdpa_dtype)dt->out,
+                                               4, qshape, qstr)) != SDPA_OK)
+                return st;
+            if (ws) {
+                size_t b = 0;
+                if ((st = sdpa_attention_workspace_size(&tq, &tk, &tv, &o, 0, &b)) != SDPA_OK)
+                    return st;
+                *ws = b > *ws ? b : *ws;
+                continue;
+            }
+            if ((st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL)) != SDPA_OK)
+                return st;
+            if (!reference)
+                sv_add_kernel(k->kernel, sizeof k->kernel, sdpa_last_kernel());
+        }
+        return SDPA_OK;
+    }
+    sdpa_tensor tq, tk, tv, to, tkp, tvp;
+    const int64_t Lq = c->packed ? c->Tq : c->Lr[0];
+    const int64_t B = c->packed ? 1 : c->R, Skv = c->packed ? c->Tk : c->Sr[0];
+    if ((st = view_4d(&tq, c->qs, dt->q, B, c->H, Lq, c->E)) != SDPA_OK ||
+        (st = view_4d(&to, out, dt->out, B, c->H, Lq, c->E)) != SDPA_OK ||
+        (st = view_4d(&tk, c->ks, dt->kv, B, c->Hkv, Skv, c->E)) != SDPA_OK ||
+        (st = view_4d(&tv, c->vs, dt->kv, B, c->Hkv, Skv, c->E)) != SDPA_OK)
+        return st;
+    const sdpa_tensor *kk = &tk, *vv = &tv;
+    if (var == SVP_PAGED || var == SVP_PACKED_PAGED) {
+        if ((st = view_4d(&tkp, c->kpool, dt->kv, c->num_blocks, c->Hkv, c->bs, c->E)) != SDPA_OK ||
+            (st = view_4d(&tvp, c->vpool, dt->kv, c->num_blocks, c->Hkv, c->bs, c->E)) != SDPA_OK)
+            return st;
+        kk = &tkp;
+        vv = &tvp;
+        o.block_table = c->table;
+        o.max_blocks_per_seq = c->max_blocks;
+    }
+    switch (var) {
+    case SVP_DENSE:
+    case SVP_PAGED: o.key_lengths = c->lens; break;
+    case SVP_PACKED:
+        o.cu_seqlens_q = c->cu_q;
+        o.cu_seqlens_k = c->cu_k;
+        o.num_seqs = c->R;
+        break;
+    case SVP_PACKED_PAGED:
+        o.cu_seqlens_q = c->cu_q;
+        o.num_seqs = c->R;
+        o.key_lengths = c->lens;
+        break;
+    case SVP_SINKS: o.sinks = c->sinks; break;
+    case SVP_ALIBI:
+        o.alibi_slopes = c->slopes;
+        o.alibi_slopes_rank = 1;
+        break;
+    case SVP_BOTH:
+        o.sinks = c->sinks;
+        o.alibi_slopes = c->slopes;
+        o.alibi_slopes_rank = 1;
+        break;
+    case SVP_POOL:
+        if (!reference)
+            o.threadpool = k->pool;
+        break;
+    default: break;
+    }
+    if (ws)
+        return sdpa_attention_workspace_size(&tq, kk, vv, &o, 0, ws);
+    st = sdpa_attention(&tq, kk, vv, &o, &to, NULL, NULL);
+    if (st == SDPA_OK && !reference) {
+        snprintf(k->kernel, sizeof k->kernel, "%s", sdpa_last_kernel());
+        sanitize(k->kernel);
+        if (k->kernel[0] == '\0')
+            snprintf(k->kernel, sizeof k->kernel, "?");
+    }
+    return st;
+}
+
+/* Max abs difference of out (widened) from a float64 evaluation of the contract on NAIVE_ROWS
+ * sampled rows: causal bottom-right for the mixed batch, the sink in the denominator, ALiBi
+ * s -= slope * |p - j| with p = i + S_r - L_r. */
+static double sv_naive(const sv_case *c, sv_var var, const float *out) {
+    const int sinks = var == SVP_SINKS || var == SVP_BOTH, alibi = var == SVP_ALIBI || var == SVP_BOTH;
+    const int causal = c->sp->kind == SV_MIXED;
+    const double scale = 1.0 / sqrt((double)c->E);
+    int64_t maxS = 0;
+    for (int64_t r = 0; r < c->R; ++r)
+        maxS = c->Sr[r] > maxS ? c->Sr[r] : maxS;
+    double *w = (double *)xalloc((size_t)maxS * sizeof(double));
+    double worst = 0;
+    for (int idx = 0; idx < NAIVE_ROWS; ++idx) {
+        int64_t r;
+        if (c->n_pre > 0 && c->R > c->n_pre) /* half prefill rows, half decode rows */
+            r = idx < NAIVE_ROWS / 2 ? idx % c->n_pre
+                                     : c->n_pre + (int64_t)(idx - NAIVE_ROWS / 2) * (c->R - c->n_pre - 1) /
+                                                      (NAIVE_ROWS / 2 - 1);
+        else
+            r = idx % c->R;
+        const int64_t Lr = c->Lr[r], Sr = c->Sr[r], h = (idx * 7) % c->H, hk = h / (c->H / c->Hkv);
+        const int64_t i = Lr > 1 ? (int64_t)(idx * 5 % NAIVE_ROWS) * (Lr - 1) / (NAIVE_ROWS - 1) : 0;
+        const int64_t p = i + Sr - Lr;
+        const int64_t n = causal ? (p + 1 < Sr ? p + 1 : Sr) : Sr;
+        const float *qr = c->q + c->q_r0[r] + h * c->qsH + i * c->E;
+        const float *kb = c->k + c->k_r0[r] + hk * c->ksH, *vb = c->v + c->k_r0[r] + hk * c->ksH;
+        double mx = sinks ? (double)c->sinks[h] : -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+            double d = 0;
+            for (int64_t e = 0; e < c->E; ++e)
+                d += (double)qr[e] * (double)kb[j * c->E + e];
+            w[j] = d * scale - (alibi ? (double)c->slopes[h] * (double)(p > j ? p - j : j - p) : 0.0);
+            mx = w[j] > mx ? w[j] : mx;
+        }
+        if (sinks)
+            sum += exp((double)c->sinks[h] - mx);
+        for (int64_t j = 0; j < n; ++j)
+            sum += (w[j] = exp(w[j] - mx));
+        const float *orow = out + c->q_r0[r] + h * c->qsH + i * c->E;
+        for (int64_t e = 0; e < c->E; ++e) {
+            double acc = 0;
+            for (int64_t j = 0; j < n; ++j)
+                acc += w[j] * (double)vb[j * c->E + e];
+            double d = fabs(acc / sum - (double)orow[e]);
+            if (!(d <= worst))
+                worst = isnan(d) ? INFINITY : d;
+        }
+    }
+    free(w);
+    return worst;
+}
+
+/* One call of candidate k, timed; < 0 if it failed (then k->state and k->note say why). */
+static double sv_time(sv_case *c, sv_cand *k, const config *cfg, int record_diff) {
+    if (cfg->flush_mode == 2 || (cfg->flush_mode == 1 && c->decode_like))
+        flush_caches();
+    double c0 = cpu_ms(), t0 = now_ms();
+    sdpa_status st = SDPA_OK;
+    if (sv_var_is_floor(k->var))
+        sv_floor(c, k);
+    else
+        st = sv_call(c, k, k->var, 0, k->out, NULL);
+    double t1 = now_ms(), c1 = cpu_ms();
+    last_cpu_ms = c1 - c0;
+    if (k->var == SVP_BLAS_PREFILL)
+        blas_floor_restore();
+    if (st != SDPA_OK) {
+        int unsupported = st == SDPA_ERR_UNSUPPORTED || (st == SDPA_ERR_DTYPE && c->dt != &dtype_combos[DT_F32]);
+        k->state = unsupported ? CAND_UNSUPPORTED : CAND_ERROR;
+        snprintf(k->note, sizeof k->note, "%s%s:%s", unsupported ? "not_run:" : "", sdpa_status_string(st),
+                 sdpa_last_error_message());
+        sanitize(k->note);
+        return -1;
+    }
+    if (record_diff && !sv_var_is_floor(k->var) && c->have_ref[sv_ref_id(k->var)]) {
+        widen_into(c->out_f, k->out, c->n_out, c->dt->out);
+        double diff = max_abs_diff(c->out_f, c->ref_f[sv_ref_id(k->var)], c->n_out);
+        if (isnan(k->diff_ref) || diff > k->diff_ref)
+            k->diff_ref = diff;
+    }
+    return t1 - t0;
+}
+
+static void sv_report(const sv_case *c, const sv_cand *k, const config *cfg) {
+    const sv_spec *sp = c->sp;
+    const int lib = !sv_var_is_floor(k->var);
+    const char *status = k->state == CAND_OK ? "ok" : k->state == CAND_UNSUPPORTED ? "unsupported" : "error";
+    double med = NAN, mn = NAN, mx = NAN, gfd = NAN, gfe = NAN, gbs = NAN, cores = NAN, fd, fe, bytes;
+    sv_work(c, k->var, &fd, &fe, &bytes);
+    if (k->state == CAND_OK && k->ntimes > 0) {
+        med = median_of(k->times, k->ntimes);
+        mn = mx = k->times[0];
+        for (int i = 1; i < k->ntimes; ++i) {
+            mn = k->times[i] < mn ? k->times[i] : mn;
+            mx = k->times[i] > mx ? k->times[i] : mx;
+        }
+        if (k->var != SVP_BW && k->var != SVP_BW_DECODE) {
+            gfd = fd / (med * 1e6);
+            gfe = (k->var == SVP_BLAS_PREFILL ? fd : fe) / (med * 1e6);
+        }
+        gbs = bytes / (med * 1e6);
+        if (k->wall_ms_sum >= 100)
+            cores = k->cpu_ms_sum / k->wall_ms_sum;
+    }
+    if (lib && k->state == CAND_OK &&
+        (!(k->diff_ref <= c->tol || isnan(k->diff_ref)) || !(k->diff_naive <= c->tol))) {
+        status = "wrong";
+        any_failure = 1;
+    }
+    if (k->state == CAND_ERROR)
+        any_failure = 1;
+    char smed[32], smin[32], smax[32], sgfd[32], sgfe[32], sgbs[32], scores[32], sdr[32], sdn[32], sws[32], srss[32];
+    char srss_bytes[32];
+    fmt_num(smed, sizeof smed, med, "%.4f");
+    fmt_num(smin, sizeof smin, mn, "%.4f");
+    fmt_num(smax, sizeof smax, mx, "%.4f");
+    fmt_num(sgfd, sizeof sgfd, gfd, "%.2f");
+    fmt_num(sgfe, sizeof sgfe, gfe, "%.2f");
+    fmt_num(sgbs, sizeof sgbs, gbs, "%.2f");
+    fmt_num(scores, sizeof scores, cores, "%.2f");
+    fmt_num(sdr, sizeof sdr, k->diff_ref, "%.3g");
+    fmt_num(sdn, sizeof sdn, k->diff_naive, "%.3g");
+    snprintf(sws, sizeof sws, "%.2f", (double)k->ws_bytes / 1048576.0);
+    fmt_num(srss, sizeof srss, k->rss_growth < 0 ? NAN : (double)k->rss_growth / 1048576.0, "%.2f");
+    if (k->rss_growth < 0)
+        snprintf(srss_bytes, sizeof srss_bytes, "-");
+    else
+        snprintf(srss_bytes, sizeof srss_bytes, "%lld", k->rss_growth);
+    char note[sizeof k->note];
+    snprintf(note, sizeof note, "%s", k->note[0] ? k->note : "-");
+    sanitize(note);
+    const char *kernel = k->kernel[0] ? k->kernel : "-";
+    const char *pname = sv_var_names[k->var];
+    printf("%-30s %-15s %-6s %3d %-11s %-18s %4d %11s %11s %9s %9s %8s %5s %9s %9s %9s %9s  %s\n", c->name, pname,
+           c->dt->name, k->threads, status, kernel, k->ntimes, smed, smin, sgfd, sgfe, sgbs, scores, sws, srss, sdr, sdn,
+           note);
+    fflush(stdout);
+    if (csv_file) {
+        fprintf(csv_file,
+                "%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%s,%d,%s,%s,%d,%s,%s,%s,%s,%s,%s,%s,%zu,%s,%s,%s,%s,%s,"
+                "%lld,%s,%s,%s,%s,%s,%g,%.0f,%s,%s\n",
+                c->name, sv_kind_names[sp->kind], (long long)(sp->kind == SV_MIXED ? c->R : sp->B), (long long)sp->H,
+                (long long)sp->L, (long long)sp->S, (long long)sp->E, (long long)sp->E, sp->kind == SV_MIXED, pname,
+                k->threads, status, kernel, k->ntimes, smed, smin, smax, sgfd, sgfe, sgbs, scores, k->ws_bytes,
+                srss_bytes, sdr, sdn, blas_core, note, (long long)sp->Hkv, c->dt->name, dtype_name(c->dt->q),
+                dtype_name(c->dt->kv), dtype_name(c->dt->out), cfg->isa_cap, c->tol, bytes, cpu_flags,
+                sdpa_version_string());
+        fflush(csv_file);
+    }
+}
+
+/* Set up the case's data: sequences, inputs in their dtypes, paged pools, sinks, slopes. */
+static void sv_setup(sv_case *c, const sv_spec *sp, const dtype_combo *dt, const config *cfg) {
+    memset(c, 0, sizeof *c);
+    c->sp = sp;
+    c->dt = dt;
+    sv_name(sp, c->name, sizeof c->name);
+    c->H = sp->H;
+    c->Hkv = sp->Hkv;
+    c->E = sp->E;
+    c->packed = sp->kind == SV_MIXED;
+    c->n_pre = sp->kind == SV_MIXED ? sp->B : 0;
+    c->R = sp->kind == SV_MIXED ? sp->B + sp->n_dec : sp->B;
+    c->decode_like = sp->kind != SV_SINKALIBI || sp->L <= 4;
+    c->Lr = (int64_t *)xalloc((size_t)c->R * sizeof(int64_t));
+    c->Sr = (int64_t *)xalloc((size_t)c->R * sizeof(int64_t));
+    c->q_r0 = (int64_t *)xalloc((size_t)c->R * sizeof(int64_t));
+    c->k_r0 = (int64_t *)xalloc((size_t)c->R * sizeof(int64_t));
+    c->lens = (int64_t *)xalloc((size_t)c->R * sizeof(int64_t));
+    c->cu_q = (int32_t *)xalloc((size_t)(c->R + 1) * sizeof(int32_t));
+    c->cu_k = (int32_t *)xalloc((size_t)(c->R + 1) * sizeof(int32_t));
+    c->cu_q[0] = c->cu_k[0] = 0;
+    for (int64_t r = 0; r < c->R; ++r) {
+        c->Lr[r] = r < c->n_pre || !c->packed ? sp->L : 1;
+        c->Sr[r] = c->lens[r] = sp->S;
+        c->cu_q[r + 1] = c->cu_q[r] + (int32_t)c->Lr[r];
+        c->cu_k[r + 1] = c->cu_k[r] + (int32_t)c->Sr[r];
+    }
+    c->Tq = c->cu_q[c->R];
+    c->Tk = c->cu_k[c->R];
+    for (int64_t r = 0; r < c->R; ++r) {
+        if (c->packed) {
+            c->q_r0[r] = c->cu_q[r] * c->E;
+            c->k_r0[r] = c->cu_k[r] * c->E;
+        } else {
+            c->q_r0[r] = r * c->H * sp->L * c->E;
+            c->k_r0[r] = r * c->Hkv * sp->S * c->E;
+        }
+    }
+    c->qsH = c->packed ? c->Tq * c->E : sp->L * c->E;
+    c->ksH = c->packed ? c->Tk * c->E : sp->S * c->E;
+    c->n_out = (size_t)(c->H * c->Tq * c->E);
+    const size_t n_kv = (size_t)(c->Hkv * c->Tk * c->E);
+    c->tol = cfg->tol;
+    {
+        double eps = dtype_eps(dt->q);
+        eps = dtype_eps(dt->kv) > eps ? dtype_eps(dt->kv) : eps;
+        eps = dtype_eps(dt->out) > eps ? dtype_eps(dt->out) : eps;
+        c->tol = 2 * eps > c->tol ? 2 * eps : c->tol;
+    }
+    c->q = (float *)xalloc(c->n_out * sizeof(float));
+    c->k = (float *)xalloc(n_kv * sizeof(float));
+    c->v = (float *)xalloc(n_kv * sizeof(float));
+    for (size_t i = 0; i < c->n_out; ++i)
+        c->q[i] = rand_uniform();
+    for (size_t i = 0; i < n_kv; ++i)
+        c->k[i] = rand_uniform();
+    for (size_t i = 0; i < n_kv; ++i)
+        c->v[i] = rand_uniform();
+    c->qs = c->q;
+    c->ks = c->k;
+    c->vs = c->v;
+    if (dt->q != SDPA_DTYPE_F32) {
+        c->qs = xalloc(c->n_out * dtype_size(dt->q));
+        narrow_into(c->qs, c->q, c->n_out, dt->q);
+        widen_into(c->q, c->qs, c->n_out, dt->q);
+    }
+    if (dt->kv != SDPA_DTYPE_F32) {
+        c->ks = xalloc(n_kv * dtype_size(dt->kv));
+        c->vs = xalloc(n_kv * dtype_size(dt->kv));
+        narrow_into(c->ks, c->k, n_kv, dt->kv);
+        widen_into(c->k, c->ks, n_kv, dt->kv);
+        narrow_into(c->vs, c->v, n_kv, dt->kv);
+        widen_into(c->v, c->vs, n_kv, dt->kv);
+    }
+    if (sp->block_size > 0)
+        sv_build_pool(c, sp->block_size);
+    if (sp->kind == SV_SINKALIBI) {
+        c->sinks = (float *)xalloc((size_t)c->H * sizeof(float));
+        c->slopes = (float *)xalloc((size_t)c->H * sizeof(float));
+        for (int64_t h = 0; h < c->H; ++h)
+            c->sinks[h] = 0.5f + 0.125f * (float)(h % 8);
+        if (sdpa_alibi_slopes(c->H, 8.0f, c->slopes) != SDPA_OK) {
+            fprintf(stderr, "sdpa-bench: sdpa_alibi_slopes failed: %s\n", sdpa_last_error_message());
+            exit(1);
+        }
+    }
+    if (sp->kind == SV_MIXED && dt == &dtype_combos[DT_F32]) {
+        c->scores = (float *)xalloc((size_t)(sp->L * sp->S) * sizeof(float));
+        c->floor_out = (float *)xalloc(c->n_out * sizeof(float));
+        memset(c->scores, 0, (size_t)(sp->L * sp->S) * sizeof(float));
+        memset(c->floor_out, 0, c->n_out * sizeof(float));
+    }
+    c->out_f = (float *)xalloc(c->n_out * sizeof(float));
+}
+
+static void sv_free(sv_case *c) {
+    if (c->qs != c->q)
+        free(c->qs);
+    if (c->ks != c->k)
+        free(c->ks);
+    if (c->vs != c->v)
+        free(c->vs);
+    free(c->q);
+    free(c->k);
+    free(c->v);
+    free(c->kpool);
+    free(c->vpool);
+    free(c->table);
+    free(c->sinks);
+    free(c->slopes);
+    free(c->scores);
+    free(c->floor_out);
+    for (int i = 0; i < 4; ++i) {
+        free(c->ref_out[i]);
+        free(c->ref_f[i]);
+    }
+    free(c->out_f);
+    free(c->Lr);
+    free(c->Sr);
+    free(c->q_r0);
+    free(c->k_r0);
+    free(c->lens);
+    free(c->cu_q);
+    free(c->cu_k);
+    for (int i = 0; i < MAX_THREADS_LIST; ++i)
+        sdpa_threadpool_destroy(c->pools[i]);
+}
+
+static void sv_bench_case(const sv_spec *sp, const dtype_combo *dt, const config *cfg) {
+    sv_case c;
+    sv_setup(&c, sp, dt, cfg);
+    sv_var vars[8];
+    const int nv = sv_vars_of(sp->kind, vars);
+    sv_cand *cands = (sv_cand *)calloc((size_t)nv * (size_t)cfg->nthreads, sizeof(sv_cand));
+    if (!cands) {
+        fprintf(stderr, "sdpa-bench: out of memory\n");
+        exit(1);
+    }
+    int nc = 0;
+    for (int i = 0; i < nv; ++i) {
+        if (vars[i] == SVP_BLAS_PREFILL && dt != &dtype_combos[DT_F32])
+            continue;
+        for (int t = 0; t < cfg->nthreads; ++t) {
+            sv_cand *k = &cands[nc++];
+            k->var = vars[i];
+            k->threads = cfg->threads[t];
+            k->state = CAND_OK;
+            k->rss_growth = -1;
+            k->diff_ref = k->diff_naive = NAN;
+            if (!sv_var_is_floor(k->var)) {
+                const size_t bytes = c.n_out * dtype_size(dt->out);
+                k->out = xalloc(bytes);
+                memset(k->out, 0, bytes);
+            }
+            switch (k->var) {
+            case SVP_PAGED:
+            case SVP_PACKED_PAGED:
+                snprintf(k->note, sizeof k->note, "block_size=%lld;blocks=%lld;order=random;unused_blocks=3;nan_in_unused",
+                         (long long)c.bs, (long long)c.num_blocks);
+                break;
+            case SVP_PACKED: snprintf(k->note, sizeof k->note, "cache=dense_cu_seqlens_k;seqs=%lld", (long long)c.R); break;
+            case SVP_PERSEQ: snprintf(k->note, sizeof k->note, "calls=%lld", (long long)c.R); break;
+            case SVP_BLAS_PREFILL:
+#ifdef SDPA_BENCH_OPENBLAS_THREADS
+                snprintf(k->note, sizeof k->note, "chunks=%lld;openblas_threads=%d", (long long)c.n_pre, k->threads);
+#else
+                snprintf(k->note, sizeof k->note, "chunks=%lld;blas_default_threads", (long long)c.n_pre);
+#endif
+                break;
+            case SVP_BW_DECODE:
+                snprintf(k->note, sizeof k->note, "decode_rows=%lld", (long long)(c.R - c.n_pre));
+                break;
+            case SVP_SINKS:
+            case SVP_ALIBI:
+            case SVP_BOTH:
+            case SVP_PLAIN:
+                snprintf(k->note, sizeof k->note, "alignment=bottom_right%s%s",
+                         k->var == SVP_SINKS || k->var == SVP_BOTH ? ";sinks=[H]" : "",
+                         k->var == SVP_ALIBI || k->var == SVP_BOTH ? ";alibi=sdpa_alibi_slopes(H;8)" : "");
+                break;
+            case SVP_POOL:
+                if (!c.pools[t] && sdpa_threadpool_create(k->threads, &c.pools[t]) != SDPA_OK) {
+                    k->state = CAND_ERROR;
+                    snprintf(k->note, sizeof k->note, "sdpa_threadpool_create:%s", sdpa_last_error_message());
+                    sanitize(k->note);
+                }
+                k->pool = c.pools[t];
+                if (k->state == CAND_OK)
+                    snprintf(k->note, sizeof k->note, "sdpa_threadpool(%d)", k->threads);
+                break;
+            default: break;
+            }
+        }
+    }
+
+    /* The reference outputs (untimed), one per option set. */
+    for (int i = 0; i < nc; ++i) {
+        const sv_var v = cands[i].var;
+        const int id = sv_ref_id(v);
+        if (sv_var_is_floor(v) || c.ref_out[id])
+            continue;
+        c.ref_out[id] = xalloc(c.n_out * dtype_size(dt->out));
+        memset(c.ref_out[id], 0, c.n_out * dtype_size(dt->out));
+        c.ref_f[id] = (float *)xalloc(c.n_out * sizeof(float));
+        sv_cand rk = cands[i];
+        rk.threads = cfg->threads[cfg->nthreads - 1];
+        sdpa_status st = sv_call(&c, &rk, sv_ref_var(v), 1, c.ref_out[id], NULL);
+        c.have_ref[id] = st == SDPA_OK;
+        if (c.have_ref[id])
+            widen_into(c.ref_f[id], c.ref_out[id], c.n_out, dt->out);
+        else if (!(st == SDPA_ERR_DTYPE && dt != &dtype_combos[DT_F32]))
+            fprintf(stderr, "sdpa-bench: %s: reference path failed: %s\n", c.name, sdpa_last_error_message());
+    }
+
+    /* Warm-up, workspace size, one untimed memory probe per candidate. */
+    double slowest = 0;
+    for (int i = 0; i < nc; ++i) {
+        sv_cand *k = &cands[i];
+        for (int w = 0; w < cfg->warmup && k->state == CAND_OK; ++w)
+            sv_time(&c, k, cfg, 0);
+        if (k->state != CAND_OK)
+            continue;
+        if (k->var == SVP_BLAS_PREFILL)
+            k->ws_bytes = (size_t)(sp->L * sp->S) * sizeof(float);
+        else if (!sv_var_is_floor(k->var) && sv_call(&c, k, k->var, 0, k->out, &k->ws_bytes) != SDPA_OK)
+            k->ws_bytes = 0;
+        long long before = cfg->rss_probe ? rss_probe_begin() : -1;
+        double t = sv_time(&c, k, cfg, 1);
+        k->rss_growth = rss_probe_end(before);
+        slowest = t > slowest ? t : slowest;
+    }
+    int reps = cfg->reps;
+    if (cfg->min_time_ms > 0 && slowest > 0) {
+        double want = ceil(cfg->min_time_ms / slowest);
+        if (want > reps)
+            reps = want > 100 ? 100 : (int)want;
+    }
+    /* Rounds: BLAS-free candidates first (after a pause for OpenBLAS's spinning threads), then
+     * the BLAS floor; within a phase round-robin with the first candidate rotating. */
+    for (int phase = 0; phase < 2; ++phase) {
+        if (phase == 0 && cfg->blas_quiet_ms > 0) {
+            struct timespec ts = {(time_t)(cfg->blas_quiet_ms / 1000.0), (long)(fmod(cfg->blas_quiet_ms, 1000.0) * 1e6)};
+            nanosleep(&ts, NULL);
+        }
+        for (int r = 0; r < reps; ++r)
+            for (int j = 0; j < nc; ++j) {
+                sv_cand *k = &cands[(j + r) % nc];
+                if (k->state != CAND_OK || (k->var == SVP_BLAS_PREFILL) != (phase == 1))
+                    continue;
+                double t = sv_time(&c, k, cfg, 1);
+                if (t >= 0 && k->ntimes < MAX_REPS) {
+                    k->times[k->ntimes++] = t;
+                    k->cpu_ms_sum += last_cpu_ms;
+                    k->wall_ms_sum += t;
+                }
+            }
+    }
+    for (int i = 0; i < nc; ++i) {
+        sv_cand *k = &cands[i];
+        if (!sv_var_is_floor(k->var) && k->state == CAND_OK) {
+            widen_into(c.out_f, k->out, c.n_out, dt->out);
+            k->diff_naive = sv_naive(&c, k->var, c.out_f);
+            const int other = sv_same_bits_as(k->var);
+            for (int j = 0; other >= 0 && j < nc; ++j)
+                if ((int)cands[j].var == other && cands[j].threads == k->threads && cands[j].state == CAND_OK) {
+                    size_t len = strlen(k->note);
+                    snprintf(k->note + len, sizeof k->note - len, "%ssame_bits_as_%s=%d", len ? ";" : "",
+                             sv_var_names[other],
+                             memcmp(k->out, cands[j].out, c.n_out * dtype_size(dt->out)) == 0);
+                }
+        }
+    }
+    for (int i = 0; i < nc; ++i) {
+        sv_report(&c, &cands[i], cfg);
+        free(cands[i].out);
+    }
+    free(cands);
+    sv_free(&c);
+}
+
+static void sv_specs(const config *cfg, const sv_spec **specs, size_t *n) {
+    *specs = cfg->smoke ? sv_smoke_specs : sv_full_specs;
+    *n = cfg->smoke ? sizeof sv_smoke_specs / sizeof *sv_smoke_specs : sizeof sv_full_specs / sizeof *sv_full_specs;
+}
+
+/* --list: the serving cases and their dtype rows (after --dtypes). */
+static void sv_list(const config *cfg) {
+    const sv_spec *specs;
+    size_t n;
+    sv_specs(cfg, &specs, &n);
+    for (size_t i = 0; i < n; ++i) {
+        char name[96];
+        sv_name(&specs[i], name, sizeof name);
+        printf("%s", name);
+        for (int dt = 0; dt < DT_COUNT; ++dt)
+            if (specs[i].dtypes & cfg->dtypes & DT_BIT(dt))
+                printf(" %s", dtype_combos[dt].name);
+        printf("\n");
+    }
+}
+
+static void sv_run_all(const config *cfg) {
+    const sv_spec *specs;
+    size_t n;
+    sv_specs(cfg, &specs, &n);
+    for (size_t i = 0; i < n; ++i) {
+        char name[96];
+        sv_name(&specs[i], name, sizeof name);
+        if (!sv_selected(name, cfg->shapes_filter))
+            continue;
+        for (int dt = 0; dt < DT_COUNT; ++dt)
+            if (specs[i].dtypes & cfg->dtypes & DT_BIT(dt))
+                sv_bench_case(&specs[i], &dtype_combos[dt], cfg);
+    }
+}
+
 /* ------------------------------------------------------------------- main */
 
 static void usage(FILE *f) {
@@ -1309,6 +2248,9 @@ static void usage(FILE *f) {
             "  --flush-mb N   size of that buffer (default 2x the last-level cache, 64..1024)\n"
             "  --no-rss       skip the peak-RSS probe\n"
             "  --list         print the shape names and exit\n");
+    fprintf(f, "serving rows (issue 10; selected by --shapes and --dtypes like the shapes): paged-... (dense vs\n"
+               "  paged decode), mixed-... (one packed call vs per-sequence calls vs floors), sinkalibi-...\n"
+               "  (plain / sinks / alibi / sinks+alibi), pool-... (built-in threads vs an sdpa_threadpool)\n");
 }
 
 static int parse_threads(const char *arg, config *cfg) {
@@ -1477,6 +2419,7 @@ int main(int argc, char **argv) {
                     printf(" %s", dtype_combos[dt].name);
             printf("\n");
         }
+        sv_list(&cfg); /* the serving rows (issue 10) */
         return 0;
     }
     const char *isa_env = getenv("SDPA_MAX_ISA");
@@ -1580,6 +2523,7 @@ int main(int argc, char **argv) {
             for (int dt = 0; dt < DT_COUNT; ++dt)
                 if (shapes[i].dtypes & cfg.dtypes & DT_BIT(dt))
                     bench_case(&shapes[i], &dtype_combos[dt], &cfg);
+    sv_run_all(&cfg); /* the serving rows (issue 10) */
     printf("# done in %.1f s%s\n", (now_ms() - t_start) / 1e3, any_failure ? "; FAILURES (see status column)" : "");
     if (csv_file)
         fclose(csv_file);
