@@ -31,8 +31,10 @@ Steps:
     rows for (--torch-dtypes). Raw rows: OUT/torch.csv (column dtype).
  3. OUT/combined.csv: per (shape, threads) the library's f32 rows next to PyTorch's f32 rows,
     with ratios = library time / PyTorch time (below 1: the library is faster).
- 4. OUT/gflops.png (plot.py, f32 rows) and the TARGETS of issue 4 and of issue 9 section 5
-    (targets.py; printed, and written to OUT/targets.md), library = the AUTO rows.
+ 4. OUT/gflops.png (plot.py, f32 rows) and the TARGETS of issue 4, of issue 9 section 5 and of
+    issue 10 (targets.py; printed, and written to OUT/targets.md), library = the AUTO rows (issue
+    10: the serving rows, paged-/mixed-/sinkalibi-/pool-, which PyTorch, combined.csv and the
+    plot leave out).
 """
 import argparse
 import csv
@@ -45,6 +47,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+# The issue-10 serving rows (paged, mixed, sinkalibi, pool) have their own table (targets.py).
+SERVING_KINDS = ("paged", "mixed", "sinkalibi", "pool")
 
 
 def read_csv(path):
@@ -63,7 +67,7 @@ def fnum(s):
 def f32_native(bench_rows):
     """The rows of the issue-4 tables and the plot: f32 storage, no SDPA_MAX_ISA cap, no probe."""
     return [r for r in bench_rows if (r.get("dtype") or "f32") == "f32" and (r.get("isa_cap") or "native") == "native"
-            and r["kind"] != "peak"]
+            and r["kind"] != "peak" and r["kind"] not in SERVING_KINDS]
 
 
 def shape_list(bench_rows):
@@ -497,14 +501,19 @@ def main():
     import targets as issue9
     res = targets(bench_rows, torch_rows, main_threads=max(threads))
     res9 = issue9.targets_issue9(bench_rows, torch_rows, n2=max(threads))
+    res10 = issue9.targets_issue10(bench_rows, n2=max(threads))
     text = format_targets(res)
     text9 = issue9.format_targets(res9)
+    text10 = issue9.format_targets(res10)
     with open(os.path.join(args.out_dir, "targets.md"), "w") as f:
-        f.write("### issue 4 (0.1-0.3) targets\n\n" + text + "\n\n### issue 9 (0.4) targets\n\n" + text9 + "\n")
+        f.write("### issue 4 (0.1-0.3) targets\n\n" + text + "\n\n### issue 9 (0.4) targets\n\n" + text9 +
+                "\n\n### issue 10 (0.5) targets\n\n" + text10 + "\n")
     log("")
     log(text)
     log("")
     log(text9)
+    log("")
+    log(text10)
     log(f"# wall time: sdpa-bench {t_bench:.0f} s, total {time.time() - t_start:.0f} s; outputs in {args.out_dir}")
 
 

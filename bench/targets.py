@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""The targets of issue 9 section 5 (libsdpa 0.4) from sdpa-bench rows of one run.
+"""The targets of issue 9 section 5 (libsdpa 0.4) and of issue 10 (0.5 serving) from sdpa-bench
+rows of one run.
 
     /usr/bin/python3 bench/targets.py bench/results/sdpa_bench.csv [more.csv ...] [--torch torch.csv]
 
-compare_torch.py calls targets_issue9() after its own issue-4 table; this file can also be run
-on saved CSVs. Rows are told apart by (shape, path, dtype, threads, isa_cap): isa_cap is the
+compare_torch.py calls targets_issue9() and targets_issue10() after its own issue-4 table; this
+file can also be run on saved CSVs (it prints both tables). The issue-10 rows are sdpa-bench's
+serving cases (paged-, mixed-, sinkalibi-, pool-; see targets_issue10 and bench/README.md). Rows are told apart by (shape, path, dtype, threads, isa_cap): isa_cap is the
 SDPA_MAX_ISA the sdpa-bench process ran under ("native" = unset), each ISA its own process.
 Unless a target says otherwise: library = the `auto` rows, 2 threads (the largest thread count
 of the run), isa_cap native, medians. Every row names the kernel that ran (sdpa_last_kernel()),
@@ -151,7 +153,7 @@ def targets_issue9(bench_rows, torch_rows=None, n2=2, prev_allowance=PREV_ALLOWA
     # --- f32 vs the previous release (0.3), same run
     have_prev = any(r["path"].startswith("prev-0.3:") for r in bench_rows)
     for s in shapes:
-        if s["kind"] == "peak":
+        if s["kind"] == "peak" or s["kind"] in SERVING_KINDS:
             continue
         for n in (1, n2):
             ours, prev = R.ms(s["name"], "auto", "f32", n), R.ms(s["name"], "prev-0.3:auto", "f32", n)
@@ -291,6 +293,174 @@ def targets_issue9(bench_rows, torch_rows=None, n2=2, prev_allowance=PREV_ALLOWA
     return res
 
 
+# ------------------------------------------------------------------------------ issue 10
+
+SERVING_KINDS = ("paged", "mixed", "sinkalibi", "pool")  # sdpa-bench's serving rows (issue 10)
+PAGED_GOAL, MIXED_FLOOR_GOAL, FEATURE_GOAL, POOL_GOAL = 1.1, 1.1, 1.05, 1.2
+ALIBI_RSS_MIN_BOUND = 256 * 1024  # bytes; below this the RSS probe's page-level noise dominates
+
+
+def targets_issue10(bench_rows, n2=2):
+    """Issue 10 (0.5 serving) targets from sdpa-bench's serving rows, native ISA, n2 threads:
+    list of (target, measured, goal, verdict, detail)."""
+    R = Rows(bench_rows)
+    res = []
+    shapes = [s for s in R.shapes() if s["kind"] in SERVING_KINDS]
+
+    def spread(r):
+        return f"{r['median_ms']} ms ({r['min_ms']}..{r['max_ms']}, {r['reps']} calls)"
+
+    def row_problem(shape, path, dtype="f32", n=n2):
+        """None when the row is there and ok; else the 'not run (...)' verdict."""
+        r = R.get(shape, path, dtype, n)
+        if r is None:
+            return f"not run (no {path} row for {shape} {dtype} at {n} threads)"
+        if r["status"] == "ok":
+            return None
+        return f"not run ({path}: {r['status']}: {r.get('note', '')})"
+
+    def add(name, value, op, thr, detail, verdict=None):
+        goal = f"{op} {thr}" if op else "-"
+        if verdict is not None:
+            res.append((name, fmt(value), goal, verdict, detail))
+            return
+        if value is None:
+            res.append((name, "-", goal, "not run (no value)", detail))
+            return
+        ok = value <= thr if op == "<=" else value < thr if op == "<" else value >= thr
+        miss = "" if ok else f" (by {abs(value / thr - 1) * 100:.1f}%)"
+        res.append((name, fmt(value), goal, ("pass" if ok else "MISS") + miss, detail))
+
+    def ratio(shape, a, b, dtype="f32", n=n2):
+        """(value, verdict-or-None) for median(a) / median(b)."""
+        for path in (a, b):
+            prob = row_problem(shape, path, dtype, n)
+            if prob:
+                return None, prob
+        return R.ms(shape, a, dtype, n) / R.ms(shape, b, dtype, n), None
+
+    def fastest(shape, a, b, dtype="f32", n=n2):
+        """The same ratio over the fastest calls (robust to co-tenants, who only slow calls down)."""
+        ra, rb = R.get(shape, a, dtype, n), R.get(shape, b, dtype, n)
+        x, y = (_f(ra["min_ms"]) if ra else None), (_f(rb["min_ms"]) if rb else None)
+        return f"fastest calls {a} / {b} {fmt(x / y if x and y else None)}"
+
+    def desc(shape, path, dtype="f32", n=n2):
+        r = R.get(shape, path, dtype, n)
+        if r is None:
+            return f"{path}: missing"
+        k = f" {r['kernel']}" if r["kernel"] not in ("-", "") else ""
+        return f"{path}{k}: {spread(r) if r['status'] == 'ok' else r['status']}"
+
+    def note_field(shape, path, key, dtype="f32", n=n2):
+        r = R.get(shape, path, dtype, n)
+        for f in (r.get("note", "") if r else "").split(";"):
+            if f.startswith(key + "="):
+                return f
+        return None
+
+    # --- paged decode vs dense decode on the same keys
+    for want in ((1, 32, 1, 4096, 128), (8, 32, 1, 1024, 128)):
+        names = [s["name"] for s in shapes if s["kind"] == "paged" and
+                 (s["B"], s["H"], s["L"], s["S"], s["E"]) == want]
+        for dt in ("f32", "f16kv", "bf16kv"):
+            label = f"paged decode {'x'.join(map(str, want))} bs16 {dt}: paged / dense time ({n2}t)"
+            if not names:
+                add(label, None, "<=", PAGED_GOAL, "", verdict="not run (no paged rows: sdpa-bench --shapes paged-)")
+                continue
+            name = names[0]
+            v, prob = ratio(name, "paged", "dense", dt)
+            bits = note_field(name, "paged", "same_bits_as_dense", dt) or "-"
+            fl = R.ms(name, "bw-floor", dt)
+            pg = R.ms(name, "paged", dt)
+            add(label, v, "<=", PAGED_GOAL,
+                f"{desc(name, 'paged', dt)}; {desc(name, 'dense', dt)}; bw-floor {fmt(fl, '.3f')} ms "
+                f"(paged / floor {fmt(pg / fl if pg and fl else None)}); {fastest(name, 'paged', 'dense', dt)}; {bits}",
+                verdict=prob)
+
+    # --- the mixed batch: one packed call vs the floors and vs the per-sequence calls
+    mixed = [s for s in shapes if s["kind"] == "mixed"]
+    if not mixed:
+        for label, op, goal in (("mixed batch: packed / (prefill BLAS floor + decode bw floor)", "<=",
+                                 MIXED_FLOOR_GOAL), ("mixed batch: packed / per-sequence calls", "<", 1.0)):
+            add(f"{label} ({n2}t)", None, op, goal, "", verdict="not run (no mixed rows: sdpa-bench --shapes mixed-)")
+    for s in mixed:
+        name = s["name"]
+        pk = R.ms(name, "packed")
+        probs = [row_problem(name, p) for p in ("packed", "blas-floor-prefill", "bw-floor-decode")]
+        prob = next((p for p in probs if p), None)
+        bl, bw = R.ms(name, "blas-floor-prefill"), R.ms(name, "bw-floor-decode")
+        add(f"mixed batch {name}: packed / (prefill BLAS floor + decode bw floor) ({n2}t)",
+            pk / (bl + bw) if pk and bl and bw else None, "<=", MIXED_FLOOR_GOAL,
+            f"{desc(name, 'packed')} (keys packed, cu_seqlens_k); floors: blas-floor-prefill {fmt(bl, '.3f')} ms + "
+            f"bw-floor-decode {fmt(bw, '.3f')} ms = {fmt(bl + bw if bl and bw else None, '.3f')} ms", verdict=prob)
+        v, prob = ratio(name, "packed", "per-seq")
+        add(f"mixed batch {name}: packed / per-sequence calls ({n2}t)", v, "<", 1.0,
+            f"{desc(name, 'packed')}; {desc(name, 'per-seq')}; {fastest(name, 'packed', 'per-seq')}; "
+            f"{note_field(name, 'packed', 'same_bits_as_per-seq') or '-'}", verdict=prob)
+        v, prob = ratio(name, "packed-paged", "packed")
+        add(f"mixed batch {name}: packed-paged / packed ({n2}t)", v, "", "",
+            f"{desc(name, 'packed-paged')} (block size 16, random order); "
+            f"{note_field(name, 'packed-paged', 'same_bits_as_per-seq') or '-'}", verdict=prob or "info")
+
+    # --- sinks and ALiBi: cost over the same call without them; ALiBi's memory
+    feats = [s for s in shapes if s["kind"] == "sinkalibi"]
+    if not feats:
+        add(f"sinks / ALiBi: cost over the plain call ({n2}t)", None, "<=", FEATURE_GOAL, "",
+            verdict="not run (no sinkalibi rows: sdpa-bench --shapes sinkalibi-)")
+    for s in feats:
+        name = s["name"]
+        for path, goal in (("sinks", FEATURE_GOAL), ("alibi", FEATURE_GOAL), ("sinks+alibi", None)):
+            v, prob = ratio(name, path, "plain")
+            add(f"{name}: {path} / plain time ({n2}t)", v, "<=" if goal else "", goal or "",
+                f"{desc(name, path)}; {desc(name, 'plain')}; {fastest(name, path, 'plain')}",
+                verdict=prob or (None if goal else "info"))
+        ra, rp = R.get(name, "alibi", "f32", n2), R.get(name, "plain", "f32", n2)
+        bound = max(s["L"] * s["S"] * 4 // 2, ALIBI_RSS_MIN_BOUND)
+        materialised = s["B"] * s["H"] * s["L"] * s["S"] * 4
+        label = f"{name}: ALiBi peak RSS growth over plain, MiB ({n2}t)"
+        prob = row_problem(name, "alibi") or row_problem(name, "plain")
+        ga = _f(ra["rss_growth_bytes"]) if ra else None
+        gp = _f(rp["rss_growth_bytes"]) if rp else None
+        if not prob and (ga is None or gp is None):
+            prob = "not run (RSS probe unavailable: /proc/self/clear_refs not writable)"
+        wa = _f(ra["ws_bytes"]) if ra else None
+        wp = _f(rp["ws_bytes"]) if rp else None
+        add(label, (ga - gp) / 1048576 if ga is not None and gp is not None else None, "<=",
+            round(bound / 1048576, 3),
+            f"alibi {fmt(ga / 1048576 if ga is not None else None)} MiB, plain "
+            f"{fmt(gp / 1048576 if gp is not None else None)} MiB; workspace alibi - plain "
+            f"{fmt((wa - wp) / 1048576 if wa is not None and wp is not None else None)} MiB; goal: half of one [L, S] "
+            f"float32 matrix (at least {ALIBI_RSS_MIN_BOUND // 1024} KiB); a materialised B*H*L*S bias is "
+            f"{materialised / 1048576:.2f} MiB", verdict=prob)
+
+    # --- a caller thread pool on a small decode call vs its bandwidth floor
+    pools = [s for s in shapes if s["kind"] == "pool" and (s["B"], s["H"], s["L"], s["S"], s["E"]) ==
+             (1, 32, 1, 256, 128)]
+    if not pools:
+        add(f"caller pool decode 1x32x1x256x128: threadpool / bw floor ({n2}t)", None, "<=", POOL_GOAL, "",
+            verdict="not run (no pool rows: sdpa-bench --shapes pool-)")
+    for s in pools:
+        name = s["name"]
+        floors = [(R.ms(name, "bw-floor", "f32", n), n) for n in sorted({1, n2})]
+        floors = [f for f in floors if f[0] is not None]
+        fl = min(floors) if floors else None
+        prob = row_problem(name, "threadpool") or (None if fl else "not run (no bw-floor row)")
+        tp, bi = R.ms(name, "threadpool"), R.ms(name, "builtin")
+        fdesc = ", ".join(f"{n}t {m:.4f} ms" for m, n in floors)
+        add(f"caller pool decode {name}: threadpool / bw floor ({n2}t)", tp / fl[0] if tp and fl else None, "<=",
+            POOL_GOAL, f"{desc(name, 'threadpool')}; floor = the faster of bw-floor ({fdesc}); "
+                       f"{note_field(name, 'threadpool', 'same_bits_as_builtin') or '-'}", verdict=prob)
+        prob = row_problem(name, "builtin") or (None if fl else "not run (no bw-floor row)")
+        add(f"caller pool decode {name}: built-in per-call threads / bw floor ({n2}t)",
+            bi / fl[0] if bi and fl else None, "", "", desc(name, "builtin"), verdict=prob or "info")
+        v, prob = ratio(name, "builtin", "threadpool")
+        add(f"caller pool decode {name}: built-in / threadpool time ({n2}t)", v, "", "",
+            f"the per-call thread start-up the pool saves; {fastest(name, 'builtin', 'threadpool')}",
+            verdict=prob or "info")
+    return res
+
+
 def format_targets(res, title=None):
     lines = ([f"### {title}", ""] if title else []) + ["| target | measured | goal | verdict | detail |",
                                                        "|---|---|---|---|---|"]
@@ -320,6 +490,8 @@ def main():
         with open(args.torch, newline="") as f:
             trows = list(csv.DictReader(f))
     print(format_targets(targets_issue9(rows, trows, args.threads), "issue 9 (0.4) targets"))
+    print()
+    print(format_targets(targets_issue10(rows, args.threads), "issue 10 (0.5) targets"))
 
 
 if __name__ == "__main__":
