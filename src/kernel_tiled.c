@@ -37,7 +37,8 @@
 enum { LANE_OFF = 0, LANE_VALID = 1, LANE_PADDING = 2, LANE_EMPTY = 3 };
 
 typedef struct layout {
-    size_t qt, st, ot, vg, qtile, ktile, vtile, m, alpha, tsum, l, acc, bad, lo, hi, cnt, state, used, keep, total;
+    size_t qt, st, ot, vg, qtile, ktile, vtile, m, alpha, tsum, l, acc, bad, lo, hi, cnt, state, used, keep, pp, vp, idx,
+        total;
 } layout;
 
 static size_t take(size_t *at, size_t bytes) {
@@ -69,6 +70,11 @@ static layout make_layout(const sdpa__plan *p) {
     l.state = take(&at, BM);
     l.used = take(&at, BN);
     l.keep = take(&at, BN);
+    /* bf16 P.V (REDUCED with bf16 V): probabilities and value rows in key pairs, used keys */
+    const bool pairs = p->precision == SDPA_PRECISION_REDUCED && p->v.dtype == SDPA_DTYPE_BF16;
+    l.pp = take(&at, pairs ? (size_t)(BN / 2) * BM * sizeof(uint32_t) : 0);
+    l.vp = take(&at, pairs ? sdpa__mul_sat(sdpa__mul_sat(Ev, BN / 2), sizeof(uint32_t)) : 0);
+    l.idx = take(&at, pairs ? BN * sizeof(int32_t) : 0);
     l.total = at;
     return l;
 }
@@ -96,6 +102,7 @@ typedef struct tctx {
     const sdpa__plan *p;
     const sdpa__mk *mk;
     const sdpa__mk_bf16 *mk16; /* REDUCED with bf16 q and k: scores by bf16 dot products; else NULL */
+    const sdpa__mk_bf16 *pv16; /* REDUCED with bf16 v: P rounded to bf16, P.V by bf16 dot products; else NULL */
     sdpa__dropout drop;
     layout lay;
     unsigned char *ws;
@@ -198,6 +205,8 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     int32_t *bad = (int32_t *)(ws + lay->bad), *lo = (int32_t *)(ws + lay->lo), *hi = (int32_t *)(ws + lay->hi);
     int32_t *cnt = (int32_t *)(ws + lay->cnt), cs[BM / SDPA__LANES], ce[BM / SDPA__LANES];
     uint8_t *state = ws + lay->state, *used = ws + lay->used, *keep = ws + lay->keep;
+    uint32_t *pp = (uint32_t *)(ws + lay->pp), *vp = (uint32_t *)(ws + lay->vp);
+    int32_t *idx = (int32_t *)(ws + lay->idx);
 
     /* Head-major, so that consecutive tasks (on one thread or on neighbours) reuse the head's K
      * and V from cache; within a head the heaviest blocks first (the last ones under a causal
@@ -349,6 +358,38 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             }
             if (Ev == 0)
                 continue;
+            if (c->pv16 != NULL) { /* P rounded to bf16; keys in pairs (the unused ones left out) */
+                const sdpa__rows16 vr16 = p->load_v->rows_bf16(&p->v, b, g, ta, tc, (uint16_t *)vtile);
+                int64_t cu = n;
+                const int32_t *ix = NULL;
+                if (!all_used) {
+                    cu = 0;
+                    for (int64_t t = 0; t < n; ++t) {
+                        if (!used[t])
+                            continue;
+                        if (cu != t)
+                            memcpy(st + cu * nl, st + t * nl, (size_t)nl * sizeof(float));
+                        idx[cu++] = (int32_t)t;
+                    }
+                    ix = idx;
+                }
+                c->pv16->pack_p(st, nl, cu, nl, pp, nl);
+                c->pv16->pack_v(vr16.data, vr16.stride, ix, cu, Ev, vp);
+                if (all_used && ranged) { /* per chunk, the pairs that hold its keys (P = 0 beside them) */
+                    int nc = 0;
+                    for (int64_t l0 = 0; l0 < nl; l0 += mk->range_lanes, ++nc) {
+                        const int64_t w = nl - l0 < mk->range_lanes ? nl - l0 : mk->range_lanes;
+                        const int64_t s0 = cs[nc], e0 = ce[nc];
+                        const int64_t tp0 = s0 < e0 ? (s0 - ta) / 2 : 0, tp1 = s0 < e0 ? (e0 - ta + 1) / 2 : 0;
+                        c->pv16->lanes_pv(Ev, tp1 - tp0, vp + tp0 * Ev, pp + tp0 * nl + l0, nl, ot + l0,
+                                          beta ? beta + l0 : NULL, w, nl);
+                    }
+                } else {
+                    c->pv16->lanes_pv(Ev, (cu + 1) / 2, vp, pp, nl, ot, beta, nl, nl);
+                }
+                beta = alpha;
+                continue;
+            }
             const sdpa__rows vr = p->load_v->rows(&p->v, b, g, ta, tc, vtile);
             if (all_used && ranged) { /* keys outside a chunk's reach have P = 0 there: skipped */
                 int nc = 0;
@@ -448,10 +489,12 @@ static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t 
     tctx c;
     c.p = p;
     c.mk = mk;
-    c.mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
-                     p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
-                 ? sdpa__dispatch_mk_bf16()
+    const sdpa__mk_bf16 *col = p->precision == SDPA_PRECISION_REDUCED ? sdpa__dispatch_mk_bf16() : NULL;
+    c.mk16 = p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 && p->load_q->rows_bf16 != NULL &&
+                     p->load_k->rows_bf16 != NULL
+                 ? col
                  : NULL;
+    c.pv16 = p->v.dtype == SDPA_DTYPE_BF16 && p->load_v->rows_bf16 != NULL ? col : NULL;
     c.lay = make_layout(p);
     c.ws = (unsigned char *)ws;
     if (threads < 1)
@@ -462,7 +505,8 @@ static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t 
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
     c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
     sdpa__run_tasks(&p->exec, threads, num_tasks(p), tiled_task, &c);
-    sdpa__set_kernel_path(c.mk16 != NULL ? c.mk16->tiled_name : mk->tiled_name, sdpa__dtype_tag(p));
+    sdpa__set_kernel_path(col != NULL && (c.mk16 != NULL || c.pv16 != NULL) ? col->tiled_name : mk->tiled_name,
+                          sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 
