@@ -27,6 +27,7 @@
 #include "kernel.h"
 #include "dispatch.h"
 #include "load.h"
+#include "convert.h"
 
 #include <math.h>
 #include <string.h>
@@ -450,11 +451,16 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     /* Rows of out contiguous along Ev: write all rows with a SIMD transpose; the rows that need
      * other values (zeros, the double fallback) are overwritten below. */
     const int64_t os3 = p->out.strides[3];
-    const bool bulk = any_valid && os3 == 1 && Ev > 0 && p->out.dtype == SDPA_DTYPE_F32;
-    if (bulk)
+    const bool bulk = any_valid && os3 == 1 && Ev > 0;
+    if (bulk && p->out.dtype == SDPA_DTYPE_F32) {
         mk->unpack_lanes(ot, nl, rows, Ev,
                          p->out.data + b * p->out.strides[0] + h * p->out.strides[1] + i0 * p->out.strides[2],
                          (ptrdiff_t)p->out.strides[2]);
+    } else if (bulk) { /* f16/bf16 out: rows in the V loader tile (rows x Ev floats), rounded once */
+        mk->unpack_lanes(ot, nl, rows, Ev, vtile, (ptrdiff_t)Ev);
+        sdpa__narrow_rows(p->q.cv != NULL ? p->q.cv : &sdpa__convert_portable, p->out.dtype, vtile, Ev, rows, Ev,
+                          sdpa__out_row(p, b, h, i0), (ptrdiff_t)p->out.strides[2], 1);
+    }
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         void *orow = sdpa__out_row(p, b, h, i);

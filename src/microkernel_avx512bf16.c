@@ -267,18 +267,23 @@ void sdpa__bf16_pack_p_avx512bf16(const float *st, int64_t ld, int64_t n, int64_
 
 void sdpa__bf16_pack_v_avx512bf16(const uint16_t *v, ptrdiff_t vs, const int32_t *idx, int64_t n, int64_t nev,
                                   uint32_t *vp) {
+    /* 32 columns per step: unpacklo/hi on 16-bit elements interleave the two rows within
+     * 128-bit lanes (columns 0-3, 8-11, ... and 4-7, 12-15, ...); two permutes restore order. */
+    const __m512i idx0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i idx1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     for (int64_t tp = 0; 2 * tp < n; ++tp) {
         const int64_t j0 = idx != NULL ? idx[2 * tp] : 2 * tp;
         const bool two = 2 * tp + 1 < n;
         const uint16_t *r0 = v + j0 * vs;
         const uint16_t *r1 = two ? v + (idx != NULL ? idx[2 * tp + 1] : 2 * tp + 1) * vs : r0;
         uint32_t *dst = vp + tp * nev;
-        for (int64_t d = 0; d < nev; d += 16) {
-            const __mmask16 m = nev - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nev - d)) - 1u);
-            const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0 + d));
-            const __m512i hi = two ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1 + d)), 16)
-                                   : _mm512_setzero_si512();
-            _mm512_mask_storeu_epi32(dst + d, m, _mm512_or_si512(lo, hi));
+        for (int64_t d = 0; d < nev; d += 32) {
+            const __mmask32 m = tail32(nev - d);
+            const __m512i a0 = _mm512_maskz_loadu_epi16(m, r0 + d);
+            const __m512i a1 = two ? _mm512_maskz_loadu_epi16(m, r1 + d) : _mm512_setzero_si512();
+            const __m512i lo = _mm512_unpacklo_epi16(a0, a1), hi = _mm512_unpackhi_epi16(a0, a1);
+            _mm512_mask_storeu_epi32(dst + d, (__mmask16)(m & 0xFFFFu), _mm512_permutex2var_epi32(lo, idx0, hi));
+            _mm512_mask_storeu_epi32(dst + d + 16, (__mmask16)(m >> 16), _mm512_permutex2var_epi32(lo, idx1, hi));
         }
     }
 }
