@@ -211,9 +211,12 @@ PG(7, 2)
 PG(8, 2)
 
 /* m rows of c over w lanes (a multiple of 16), 8 rows x 32 lanes per block. */
+/* With pf > 0, the rows of a at pf elements ahead (the next key tile's, for scores) are
+ * prefetched, pfb bytes of each, spread over the row blocks of the first lane block. A prefetch
+ * never faults, so the rows need not exist. */
 static void pairs_gemm(int64_t m, int64_t kp, bool odd, const uint16_t *a, ptrdiff_t ars, ptrdiff_t aks,
                        const uint32_t *b, int64_t ldb, float *c, int64_t ld, const float *beta, const float *scale,
-                       int64_t w) {
+                       int64_t w, ptrdiff_t pf, int64_t pfb) {
     static const pg_fn one[9] = {NULL, pg_1_1, pg_2_1, pg_3_1, pg_4_1, pg_5_1, pg_6_1, pg_7_1, pg_8_1};
     static const pg_fn two[9] = {NULL, pg_1_2, pg_2_2, pg_3_2, pg_4_2, pg_5_2, pg_6_2, pg_7_2, pg_8_2};
     for (int64_t l0 = 0; l0 < w;) {
@@ -221,8 +224,13 @@ static void pairs_gemm(int64_t m, int64_t kp, bool odd, const uint16_t *a, ptrdi
         const pg_fn *fns = wide ? two : one;
         const float *gl = beta != NULL ? beta + l0 : NULL;
         int64_t r = 0;
-        for (; r + 8 <= m; r += 8)
+        for (; r + 8 <= m; r += 8) {
+            if (pf != 0 && l0 == 0)
+                for (int u = 0; u < 8; ++u)
+                    for (int64_t by = 0; by < pfb; by += 64)
+                        _mm_prefetch((const char *)(a + (r + u) * ars + pf) + by, _MM_HINT_T0);
             fns[8](kp, odd, a + r * ars, ars, aks, b + l0, ldb, c + r * ld + l0, ld, gl, scale);
+        }
         if (r < m)
             fns[m - r](kp, odd, a + r * ars, ars, aks, b + l0, ldb, c + r * ld + l0, ld, gl, scale);
         l0 += wide ? 32 : 16;
@@ -232,7 +240,8 @@ static void pairs_gemm(int64_t m, int64_t kp, bool odd, const uint16_t *a, ptrdi
 void sdpa__bf16_lanes_scores_pairs_avx512bf16(const uint32_t *qp, int64_t ldq, int64_t ne, int64_t w,
                                               const uint16_t *k, ptrdiff_t ks, int64_t nk, float scale, float *st,
                                               int64_t ld) {
-    pairs_gemm(nk, ne / 2, (ne & 1) != 0, k, ks, 2, qp, ldq, st, ld, NULL, &scale, w);
+    /* the next tile's key rows (contiguous keys of a strided view follow these) */
+    pairs_gemm(nk, ne / 2, (ne & 1) != 0, k, ks, 2, qp, ldq, st, ld, NULL, &scale, w, nk * ks, 2 * ne);
 }
 
 void sdpa__bf16_lanes_pv_avx512bf16(int64_t nev, int64_t np, const uint32_t *vp, const uint32_t *pp, int64_t ldp,
@@ -246,7 +255,7 @@ void sdpa__bf16_lanes_pv_avx512bf16(int64_t nev, int64_t np, const uint32_t *vp,
             }
         return;
     }
-    pairs_gemm(nev, np, false, (const uint16_t *)(const void *)vp, 2, 2 * nev, pp, ldp, o, ld, beta, NULL, w);
+    pairs_gemm(nev, np, false, (const uint16_t *)(const void *)vp, 2, 2 * nev, pp, ldp, o, ld, beta, NULL, w, 0, 0);
 }
 
 /* bf16 of x rounded to nearest even (VCVTNEPS2BF16: f32 subnormals read as 0), in the low
@@ -277,6 +286,11 @@ void sdpa__bf16_pack_v_avx512bf16(const uint16_t *v, ptrdiff_t vs, const int32_t
         const uint16_t *r0 = v + j0 * vs;
         const uint16_t *r1 = two ? v + (idx != NULL ? idx[2 * tp + 1] : 2 * tp + 1) * vs : r0;
         uint32_t *dst = vp + tp * nev;
+        /* the next tile's rows (a prefetch never faults) */
+        for (int64_t by = 0; by < 2 * nev; by += 64) {
+            _mm_prefetch((const char *)(r0 + 64 * vs) + by, _MM_HINT_T0);
+            _mm_prefetch((const char *)(r1 + 64 * vs) + by, _MM_HINT_T0);
+        }
         for (int64_t d = 0; d < nev; d += 32) {
             const __mmask32 m = tail32(nev - d);
             const __m512i a0 = _mm512_maskz_loadu_epi16(m, r0 + d);
