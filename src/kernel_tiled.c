@@ -20,8 +20,15 @@
  * recomputed in double (fallback_double.c).
  * Q, K and V reach the micro-kernels only through the plan's loaders: float32 rows with unit
  * inner stride in place, anything else copied (widened) into the thread's loader tiles.
+ * SDPA_PRECISION_REDUCED (AVX512-BF16, sdpa.h's bound): with bf16 q and k, Q is packed as bf16
+ * pairs and St = K_tile Qt runs on VDPBF16PS over K rows read in place; with bf16 v, P is
+ * rounded to bf16 (nearest even) and packed in key pairs, the tile's V rows are packed in key
+ * pairs once per (item, kv tile), and Ot = alpha Ot + V_tile^T P runs on VDPBF16PS. Softmax,
+ * l and Ot stay float32. DEFAULT / F32 never take these paths (exact widening, same bits as f32).
  * Extra memory: per thread, tiles of (E + TILE_K + Ev) x TILE_Q floats, TILE_K x Ev floats and
- * the loader tiles (TILE_Q x E, TILE_K x E, TILE_K x Ev floats);
+ * the loader tiles (TILE_Q x E, TILE_K x E, TILE_K x Ev floats; the last one also holds the
+ * f16/bf16 out rows before they are narrowed), under REDUCED with bf16 v also TILE_K / 2 x
+ * (TILE_Q + Ev) pairs;
  * nothing grows with L or S. Work items are the same for every thread count, so results are
  * bit-identical for any num_threads. */
 #include "kernel.h"
@@ -34,6 +41,7 @@
 
 #define BM SDPA__TILE_Q
 #define BN SDPA__TILE_K
+_Static_assert(BM <= BN, "the V loader tile (BN x Ev floats) holds an item's out rows (BM x Ev)");
 
 enum { LANE_OFF = 0, LANE_VALID = 1, LANE_PADDING = 2, LANE_EMPTY = 3 };
 
