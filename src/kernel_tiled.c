@@ -123,15 +123,22 @@ typedef struct tctx {
  * (as their zero Q lanes do on the float32 path). */
 static void bf16_pack_pairs(sdpa__rows16 q16, int64_t E, int64_t rows, int64_t nl, const uint8_t *state,
                             uint32_t *qp) {
-    for (int64_t pi = 0; pi < (E + 1) / 2; ++pi)
-        for (int64_t l = 0; l < nl; ++l) {
-            uint32_t x = 0;
-            if (l < rows && state[l] == LANE_VALID) {
-                const uint16_t *q = q16.data + l * q16.stride;
-                x = (uint32_t)q[2 * pi] | (2 * pi + 1 < E ? (uint32_t)q[2 * pi + 1] << 16 : 0u);
-            }
+    const int64_t np = (E + 1) / 2, full = E / 2;
+    for (int64_t l = 0; l < nl; ++l) {
+        if (l >= rows || state[l] != LANE_VALID) {
+            for (int64_t pi = 0; pi < np; ++pi)
+                qp[pi * nl + l] = 0u;
+            continue;
+        }
+        const uint16_t *q = q16.data + l * q16.stride;
+        for (int64_t pi = 0; pi < full; ++pi) { /* a pair is two adjacent encodings, low one first */
+            uint32_t x;
+            memcpy(&x, q + 2 * pi, sizeof x);
             qp[pi * nl + l] = x;
         }
+        if (full < np)
+            qp[full * nl + l] = (uint32_t)q[E - 1];
+    }
 }
 
 /* A zero out row; lse = lse_value (-inf, or the head's sink for an empty row). */
