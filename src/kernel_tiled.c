@@ -131,7 +131,7 @@ static void bf16_pack_pairs(sdpa__rows16 q16, int64_t E, int64_t rows, int64_t n
             continue;
         }
         const uint16_t *q = q16.data + l * q16.stride;
-        for (int64_t pi = 0; pi < full; ++pi) { /* a pair is two adjacent encodings, low one first */
+        for (int64_t pi = 0; pi < full; ++pi) { /* two adjacent encodings, low one first (x86: little endian) */
             uint32_t x;
             memcpy(&x, q + 2 * pi, sizeof x);
             qp[pi * nl + l] = x;
