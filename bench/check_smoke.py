@@ -183,7 +183,7 @@ def main():
         if c["status"] != row["status"] or c["kernel"] != row["kernel"]:
             fail(f"{where}: CSV and stdout disagree")
         want_dt = {"f32": ("f32", "f32", "f32"), "f16kv": ("f32", "f16", "f32"), "bf16kv": ("f32", "bf16", "f32"),
-                   "bf16": ("bf16", "bf16", "bf16")}[row["dtype"]]
+                   "bf16": ("bf16", "bf16", "bf16"), "bf16r": ("bf16", "bf16", "bf16")}[row["dtype"]]
         if (c["q_dtype"], c["kv_dtype"], c["out_dtype"]) != want_dt:
             fail(f"{where}: CSV dtypes {c['q_dtype']}/{c['kv_dtype']}/{c['out_dtype']}, want {want_dt}")
         if row["status"] not in ("ok", "unsupported"):

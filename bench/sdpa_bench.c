@@ -70,17 +70,20 @@
 typedef struct dtype_combo {
     const char *name;
     int32_t q, kv, out;
+    int32_t precision; /* sdpa_options.precision of the library's calls */
 } dtype_combo;
 
-enum { DT_F32, DT_F16KV, DT_BF16KV, DT_BF16, DT_COUNT };
+enum { DT_F32, DT_F16KV, DT_BF16KV, DT_BF16, DT_BF16R, DT_COUNT };
 static const dtype_combo dtype_combos[DT_COUNT] = {
-    {"f32", SDPA_DTYPE_F32, SDPA_DTYPE_F32, SDPA_DTYPE_F32},
-    {"f16kv", SDPA_DTYPE_F32, SDPA_DTYPE_F16, SDPA_DTYPE_F32},   /* f32 Q, f16 KV cache, f32 out */
-    {"bf16kv", SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F32}, /* f32 Q, bf16 KV cache, f32 out */
-    {"bf16", SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16}, /* bf16 throughout */
+    {"f32", SDPA_DTYPE_F32, SDPA_DTYPE_F32, SDPA_DTYPE_F32, 0},
+    {"f16kv", SDPA_DTYPE_F32, SDPA_DTYPE_F16, SDPA_DTYPE_F32, 0},   /* f32 Q, f16 KV cache, f32 out */
+    {"bf16kv", SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F32, 0}, /* f32 Q, bf16 KV cache, f32 out */
+    {"bf16", SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, 0}, /* bf16 throughout */
+    /* bf16 throughout, SDPA_PRECISION_REDUCED (bf16 dot products, P rounded to bf16) */
+    {"bf16r", SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_PRECISION_REDUCED},
 };
 #define DT_BIT(d) (1u << (d))
-#define DT_ALL (DT_BIT(DT_F32) | DT_BIT(DT_F16KV) | DT_BIT(DT_BF16KV) | DT_BIT(DT_BF16))
+#define DT_ALL (DT_BIT(DT_F32) | DT_BIT(DT_F16KV) | DT_BIT(DT_BF16KV) | DT_BIT(DT_BF16) | DT_BIT(DT_BF16R))
 
 static const char *dtype_name(int32_t dt) {
     return dt == SDPA_DTYPE_F16 ? "f16" : dt == SDPA_DTYPE_BF16 ? "bf16" : "f32";
@@ -230,7 +233,7 @@ typedef struct shape {
     unsigned dtypes;  /* DT_BIT set of the dtype combinations this shape runs with */
 } shape;
 
-#define DT_PREFILL (DT_BIT(DT_F32) | DT_BIT(DT_BF16) | DT_BIT(DT_F16KV))
+#define DT_PREFILL (DT_BIT(DT_F32) | DT_BIT(DT_BF16) | DT_BIT(DT_BF16R) | DT_BIT(DT_F16KV))
 #define DT_DECODE (DT_BIT(DT_F32) | DT_BIT(DT_F16KV) | DT_BIT(DT_BF16KV))
 #define F32_ONLY DT_BIT(DT_F32)
 
@@ -885,6 +888,8 @@ static sdpa_status run_library(shape_data *d, candidate *c, void *out) {
     o.causal = s->causal;
     o.num_threads = c->threads;
     o.kernel = path_kernel(c->path);
+    if (!path_is_prev(c->path))
+        o.precision = d->dt->precision;
     if (path_is_prev(c->path))
         return prev.attention(&d->tq, &d->tk, &d->tv, &o, &tout, NULL, NULL);
     return sdpa_attention(&d->tq, &d->tk, &d->tv, &o, &tout, NULL, NULL);
@@ -969,6 +974,8 @@ static size_t workspace_for(shape_data *d, const candidate *c) {
     o.causal = d->s->causal;
     o.num_threads = c->threads;
     o.kernel = path_kernel(c->path);
+    if (!path_is_prev(c->path))
+        o.precision = d->dt->precision;
     size_t bytes = 0;
     sdpa_status st = path_is_prev(c->path) ? prev.workspace_size(&d->tq, &d->tk, &d->tv, &o, 0, &bytes)
                                            : sdpa_attention_workspace_size(&d->tq, &d->tk, &d->tv, &o, 0, &bytes);
@@ -2223,7 +2230,7 @@ static void usage(FILE *f) {
             "usage: sdpa-bench [--smoke] [--reps N] [--warmup N] [--min-time-ms T] [--threads 1,2]\n"
             "                  [--shapes SUBSTR[,SUBSTR...]] [--csv FILE] [--tol X]\n"
             "                  [--flush decode|all|none] [--flush-mb N] [--no-rss] [--list]\n"
-            "                  [--dtypes f32,f16kv,bf16kv,bf16] [--baseline PATH|none] [--self-test]\n"
+            "                  [--dtypes f32,f16kv,bf16kv,bf16,bf16r] [--baseline PATH|none] [--self-test]\n"
             "  --smoke        tiny shapes, 2 repetitions (the meson test)\n"
             "  --reps N       timed repetitions per candidate (default 5; smoke 2)\n"
             "  --warmup N     untimed calls per candidate before the memory probe (default 1)\n"
@@ -2237,7 +2244,8 @@ static void usage(FILE *f) {
             "                 peak-fma, dense-1x8x128x128x64, causal-..., cross-..., decode-..., gqa-...-kv8,\n"
             "                 memory-...)\n"
             "  --dtypes       dtype combinations to run, where a shape has them (default all):\n"
-            "                 f32; f16kv / bf16kv = f32 q and out, f16 / bf16 k and v; bf16 = all bf16\n"
+            "                 f32; f16kv / bf16kv = f32 q and out, f16 / bf16 k and v; bf16 = all bf16;\n"
+            "                 bf16r = all bf16 at SDPA_PRECISION_REDUCED (bf16 dot products, P rounded)\n"
             "  --baseline P   a previous release's libsdpa.so (0.3.x) for the prev-0.3 candidates;\n"
             "                 default: the meson option bench_baseline; 'none': do not load one\n"
             "  --self-test    check the f16/bf16 conversion helpers and exit\n"

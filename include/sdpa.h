@@ -344,14 +344,22 @@ typedef enum sdpa_kernel {
  *   where it is subnormal or flushed; the factor 2 lets the row sum use the rounded values), and
  *   lse gains u_V + n * t_V. When q and k are both bf16 and bf16 dot products are used, δ gains
  *   |scale| * E * 2^-126 plus |scale| * sum_e |q_e * k_je| over the terms where q_e or k_je is a
- *   bf16 subnormal (VDPBF16PS and AMX read subnormals as 0). REDUCED never rounds a q or k
- *   value: f32 or f16 q/k keep the F32 score arithmetic.
+ *   bf16 subnormal (VDPBF16PS and AMX read subnormals as 0). When v is bf16 and P.V uses bf16
+ *   dot products, err also gains (2n + 1) * 2^-126 (absolute: bf16 subnormal v values read as
+ *   0, subnormal partial sums flushed). REDUCED never rounds a q or k value: f32 or f16 q/k
+ *   keep the F32 score arithmetic.
  *   In 0.4, REDUCED computes Q.K^T with VDPBF16PS in the tiled and decode kernels when q and k
- *   are bf16 and the CPU has AVX512-BF16 (sdpa_last_kernel() then names "avx512bf16"); it does
- *   not round probabilities yet (P.V stays float32), and the reference kernel keeps the F32
- *   arithmetic. tests/test_dtypes_kernels.c checks these bounds on every kernel, ISA and
- *   dtype combination (largest observed error / bound: about 0.1 with f32 out, 0.97 with f16
- *   or bf16 out, where the one rounding of out dominates).
+ *   are bf16 and the CPU has AVX512-BF16; with bf16 v the tiled kernel also rounds each
+ *   probability to bf16 (nearest even; below 2^-126 to 0) and computes P.V with VDPBF16PS
+ *   (sdpa_last_kernel() then names "tiled-avx512bf16"). The row sum l, the online softmax and
+ *   the accumulation stay float32 (l sums the unrounded probabilities). f16 v keeps float32
+ *   probabilities (no f16 dot product here), and the reference kernel keeps the F32
+ *   arithmetic. DEFAULT and F32 never use VDPBF16PS: its subnormal handling (inputs read as 0)
+ *   breaks the F32 bound, and its summation order the bit-identity with widened f32 inputs.
+ *   tests/test_dtypes_kernels.c checks these bounds on every kernel, ISA and dtype
+ *   combination (largest observed error / bound: about 0.1 with f32 out, 0.97 with f16 or
+ *   bf16 out, where the one rounding of out dominates; REDUCED with rounded P: 0.14 with f32
+ *   out).
  * An f16 out cannot hold |x| >= 65520: such values become +-Inf (f16's range), not an error.
  */
 typedef enum sdpa_precision {

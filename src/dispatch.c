@@ -20,7 +20,9 @@ static const sdpa__mk *const g_tables[SDPA__ISA_COUNT][SDPA__MK_DTYPE_COUNT] = {
 #if defined(SDPA_HAVE_MK_AVX512BF16) && defined(SDPA_HAVE_AVX512)
 #include "microkernel_bf16.h"
 static const sdpa__mk_bf16 g_mk_avx512bf16 = {"tiled-avx512bf16", "decode-avx512bf16", "decode-split-avx512bf16",
-                                              sdpa__bf16_dot_rows_avx512bf16, sdpa__bf16_lanes_scores_avx512bf16};
+                                              sdpa__bf16_dot_rows_avx512bf16, sdpa__bf16_lanes_scores_pairs_avx512bf16,
+                                              sdpa__bf16_lanes_pv_avx512bf16, sdpa__bf16_pack_p_avx512bf16,
+                                              sdpa__bf16_pack_v_avx512bf16};
 #endif
 /* [isa] of the bf16 column; NULL where there is none. */
 static const sdpa__mk_bf16 *const g_bf16_tables[SDPA__ISA_COUNT] = {

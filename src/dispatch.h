@@ -35,6 +35,12 @@ typedef struct sdpa__mk_bf16 {
     /* Lanes-layout scores (tiled kernel): see sdpa__bf16_lanes_scores_avx512bf16. */
     void (*lanes_scores)(const uint32_t *qp, int64_t ldq, int64_t ne, int64_t w, const uint16_t *k, ptrdiff_t ks,
                          int64_t nk, float scale, float *st, int64_t ld);
+    /* The tiled kernel's bf16 P.V (bf16 V, REDUCED): probabilities rounded and packed in key
+     * pairs, value rows packed in key pairs, the pair product (microkernel_bf16.h). */
+    void (*lanes_pv)(int64_t nev, int64_t np, const uint32_t *vp, const uint32_t *pp, int64_t ldp, float *o,
+                     const float *beta, int64_t w, int64_t ld);
+    void (*pack_p)(const float *st, int64_t ld, int64_t n, int64_t w, uint32_t *pp, int64_t ldp);
+    void (*pack_v)(const uint16_t *v, ptrdiff_t vs, const int32_t *idx, int64_t n, int64_t nev, uint32_t *vp);
 } sdpa__mk_bf16;
 /* The bf16 column at the ISA in effect, or NULL where the build, the CPU (AVX512-BF16) or the
  * ISA cap does not allow it. */

@@ -20,24 +20,34 @@
  * recomputed in double (fallback_double.c).
  * Q, K and V reach the micro-kernels only through the plan's loaders: float32 rows with unit
  * inner stride in place, anything else copied (widened) into the thread's loader tiles.
+ * SDPA_PRECISION_REDUCED (AVX512-BF16, sdpa.h's bound): with bf16 q and k, Q is packed as bf16
+ * pairs and St = K_tile Qt runs on VDPBF16PS over K rows read in place; with bf16 v, P is
+ * rounded to bf16 (nearest even) and packed in key pairs, the tile's V rows are packed in key
+ * pairs once per (item, kv tile), and Ot = alpha Ot + V_tile^T P runs on VDPBF16PS. Softmax,
+ * l and Ot stay float32. DEFAULT / F32 never take these paths (exact widening, same bits as f32).
  * Extra memory: per thread, tiles of (E + TILE_K + Ev) x TILE_Q floats, TILE_K x Ev floats and
- * the loader tiles (TILE_Q x E, TILE_K x E, TILE_K x Ev floats);
+ * the loader tiles (TILE_Q x E, TILE_K x E, TILE_K x Ev floats; the last one also holds the
+ * f16/bf16 out rows before they are narrowed), under REDUCED with bf16 v also TILE_K / 2 x
+ * (TILE_Q + Ev) pairs;
  * nothing grows with L or S. Work items are the same for every thread count, so results are
  * bit-identical for any num_threads. */
 #include "kernel.h"
 #include "dispatch.h"
 #include "load.h"
+#include "convert.h"
 
 #include <math.h>
 #include <string.h>
 
 #define BM SDPA__TILE_Q
 #define BN SDPA__TILE_K
+_Static_assert(BM <= BN, "the V loader tile (BN x Ev floats) holds an item's out rows (BM x Ev)");
 
 enum { LANE_OFF = 0, LANE_VALID = 1, LANE_PADDING = 2, LANE_EMPTY = 3 };
 
 typedef struct layout {
-    size_t qt, st, ot, vg, qtile, ktile, vtile, m, alpha, tsum, l, acc, bad, lo, hi, cnt, state, used, keep, total;
+    size_t qt, st, ot, vg, qtile, ktile, vtile, m, alpha, tsum, l, acc, bad, lo, hi, cnt, state, used, keep, pp, vp, idx,
+        total;
 } layout;
 
 static size_t take(size_t *at, size_t bytes) {
@@ -69,6 +79,11 @@ static layout make_layout(const sdpa__plan *p) {
     l.state = take(&at, BM);
     l.used = take(&at, BN);
     l.keep = take(&at, BN);
+    /* bf16 P.V (REDUCED with bf16 V): probabilities and value rows in key pairs, used keys */
+    const bool pairs = p->precision == SDPA_PRECISION_REDUCED && p->v.dtype == SDPA_DTYPE_BF16;
+    l.pp = take(&at, pairs ? (size_t)(BN / 2) * BM * sizeof(uint32_t) : 0);
+    l.vp = take(&at, pairs ? sdpa__mul_sat(sdpa__mul_sat(Ev, BN / 2), sizeof(uint32_t)) : 0);
+    l.idx = take(&at, pairs ? BN * sizeof(int32_t) : 0);
     l.total = at;
     return l;
 }
@@ -96,6 +111,7 @@ typedef struct tctx {
     const sdpa__plan *p;
     const sdpa__mk *mk;
     const sdpa__mk_bf16 *mk16; /* REDUCED with bf16 q and k: scores by bf16 dot products; else NULL */
+    const sdpa__mk_bf16 *pv16; /* REDUCED with bf16 v: P rounded to bf16, P.V by bf16 dot products; else NULL */
     sdpa__dropout drop;
     layout lay;
     unsigned char *ws;
@@ -107,15 +123,22 @@ typedef struct tctx {
  * (as their zero Q lanes do on the float32 path). */
 static void bf16_pack_pairs(sdpa__rows16 q16, int64_t E, int64_t rows, int64_t nl, const uint8_t *state,
                             uint32_t *qp) {
-    for (int64_t pi = 0; pi < (E + 1) / 2; ++pi)
-        for (int64_t l = 0; l < nl; ++l) {
-            uint32_t x = 0;
-            if (l < rows && state[l] == LANE_VALID) {
-                const uint16_t *q = q16.data + l * q16.stride;
-                x = (uint32_t)q[2 * pi] | (2 * pi + 1 < E ? (uint32_t)q[2 * pi + 1] << 16 : 0u);
-            }
+    const int64_t np = (E + 1) / 2, full = E / 2;
+    for (int64_t l = 0; l < nl; ++l) {
+        if (l >= rows || state[l] != LANE_VALID) {
+            for (int64_t pi = 0; pi < np; ++pi)
+                qp[pi * nl + l] = 0u;
+            continue;
+        }
+        const uint16_t *q = q16.data + l * q16.stride;
+        for (int64_t pi = 0; pi < full; ++pi) { /* two adjacent encodings, low one first (x86: little endian) */
+            uint32_t x;
+            memcpy(&x, q + 2 * pi, sizeof x);
             qp[pi * nl + l] = x;
         }
+        if (full < np)
+            qp[full * nl + l] = (uint32_t)q[E - 1];
+    }
 }
 
 /* A zero out row; lse = lse_value (-inf, or the head's sink for an empty row). */
@@ -198,6 +221,8 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     int32_t *bad = (int32_t *)(ws + lay->bad), *lo = (int32_t *)(ws + lay->lo), *hi = (int32_t *)(ws + lay->hi);
     int32_t *cnt = (int32_t *)(ws + lay->cnt), cs[BM / SDPA__LANES], ce[BM / SDPA__LANES];
     uint8_t *state = ws + lay->state, *used = ws + lay->used, *keep = ws + lay->keep;
+    uint32_t *pp = (uint32_t *)(ws + lay->pp), *vp = (uint32_t *)(ws + lay->vp);
+    int32_t *idx = (int32_t *)(ws + lay->idx);
 
     /* Head-major, so that consecutive tasks (on one thread or on neighbours) reuse the head's K
      * and V from cache; within a head the heaviest blocks first (the last ones under a causal
@@ -349,6 +374,38 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             }
             if (Ev == 0)
                 continue;
+            if (c->pv16 != NULL) { /* P rounded to bf16; keys in pairs (the unused ones left out) */
+                const sdpa__rows16 vr16 = p->load_v->rows_bf16(&p->v, b, g, ta, tc, (uint16_t *)vtile);
+                int64_t cu = n;
+                const int32_t *ix = NULL;
+                if (!all_used) {
+                    cu = 0;
+                    for (int64_t t = 0; t < n; ++t) {
+                        if (!used[t])
+                            continue;
+                        if (cu != t)
+                            memcpy(st + cu * nl, st + t * nl, (size_t)nl * sizeof(float));
+                        idx[cu++] = (int32_t)t;
+                    }
+                    ix = idx;
+                }
+                c->pv16->pack_p(st, nl, cu, nl, pp, nl);
+                c->pv16->pack_v(vr16.data, vr16.stride, ix, cu, Ev, vp);
+                if (all_used && ranged) { /* per chunk, the pairs that hold its keys (P = 0 beside them) */
+                    int nc = 0;
+                    for (int64_t l0 = 0; l0 < nl; l0 += mk->range_lanes, ++nc) {
+                        const int64_t w = nl - l0 < mk->range_lanes ? nl - l0 : mk->range_lanes;
+                        const int64_t s0 = cs[nc], e0 = ce[nc];
+                        const int64_t tp0 = s0 < e0 ? (s0 - ta) / 2 : 0, tp1 = s0 < e0 ? (e0 - ta + 1) / 2 : 0;
+                        c->pv16->lanes_pv(Ev, tp1 - tp0, vp + tp0 * Ev, pp + tp0 * nl + l0, nl, ot + l0,
+                                          beta ? beta + l0 : NULL, w, nl);
+                    }
+                } else {
+                    c->pv16->lanes_pv(Ev, (cu + 1) / 2, vp, pp, nl, ot, beta, nl, nl);
+                }
+                beta = alpha;
+                continue;
+            }
             const sdpa__rows vr = p->load_v->rows(&p->v, b, g, ta, tc, vtile);
             if (all_used && ranged) { /* keys outside a chunk's reach have P = 0 there: skipped */
                 int nc = 0;
@@ -409,11 +466,16 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     /* Rows of out contiguous along Ev: write all rows with a SIMD transpose; the rows that need
      * other values (zeros, the double fallback) are overwritten below. */
     const int64_t os3 = p->out.strides[3];
-    const bool bulk = any_valid && os3 == 1 && Ev > 0 && p->out.dtype == SDPA_DTYPE_F32;
-    if (bulk)
+    const bool bulk = any_valid && os3 == 1 && Ev > 0;
+    if (bulk && p->out.dtype == SDPA_DTYPE_F32) {
         mk->unpack_lanes(ot, nl, rows, Ev,
                          p->out.data + b * p->out.strides[0] + h * p->out.strides[1] + i0 * p->out.strides[2],
                          (ptrdiff_t)p->out.strides[2]);
+    } else if (bulk) { /* f16/bf16 out: rows in the V loader tile (rows x Ev floats), rounded once */
+        mk->unpack_lanes(ot, nl, rows, Ev, vtile, (ptrdiff_t)Ev);
+        sdpa__narrow_rows(p->q.cv != NULL ? p->q.cv : &sdpa__convert_portable, p->out.dtype, vtile, Ev, rows, Ev,
+                          sdpa__out_row(p, b, h, i0), (ptrdiff_t)p->out.strides[2], 1);
+    }
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         void *orow = sdpa__out_row(p, b, h, i);
@@ -448,10 +510,12 @@ static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t 
     tctx c;
     c.p = p;
     c.mk = mk;
-    c.mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
-                     p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
-                 ? sdpa__dispatch_mk_bf16()
+    const sdpa__mk_bf16 *col = p->precision == SDPA_PRECISION_REDUCED ? sdpa__dispatch_mk_bf16() : NULL;
+    c.mk16 = p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 && p->load_q->rows_bf16 != NULL &&
+                     p->load_k->rows_bf16 != NULL
+                 ? col
                  : NULL;
+    c.pv16 = p->v.dtype == SDPA_DTYPE_BF16 && p->load_v->rows_bf16 != NULL ? col : NULL;
     c.lay = make_layout(p);
     c.ws = (unsigned char *)ws;
     if (threads < 1)
@@ -462,7 +526,8 @@ static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t 
     sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
     c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
     sdpa__run_tasks(&p->exec, threads, num_tasks(p), tiled_task, &c);
-    sdpa__set_kernel_path(c.mk16 != NULL ? c.mk16->tiled_name : mk->tiled_name, sdpa__dtype_tag(p));
+    sdpa__set_kernel_path(col != NULL && (c.mk16 != NULL || c.pv16 != NULL) ? col->tiled_name : mk->tiled_name,
+                          sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 

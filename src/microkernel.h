@@ -7,7 +7,8 @@
  *  - "lanes" (tiled path): query rows are vector lanes. A tile is t[j * nl + l]: row j (a key,
  *    or an output column of P.V), lane l (a query row); nl is a multiple of SDPA__LANES. Row
  *    maxima and sums of the online softmax are then per-lane (vertical) operations, and K and V
- *    are read in place with any strides (their elements are broadcast), so only Q is packed.
+ *    are read in place with any strides (their elements are broadcast), so only Q is packed
+ *    (the bf16 column, dispatch.h / microkernel_bf16.h, also packs P and V in key pairs).
  *  - "rows" (decode path): one query row at a time, vectors along E / Ev, keys of a tile
  *    contiguous in a row of scores.
  */

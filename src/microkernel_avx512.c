@@ -2,7 +2,7 @@
  * -mavx512f -mavx2 -mfma into its own static library; used only after sdpa__mk_select() has
  * seen AVX-512F (and AVX2 + FMA) at run time. The decode path's "rows" kernels are here too
  * (one 64-byte load per cache line of K and V, software prefetch ahead of the stream, masked
- * tails instead of scalar loops); softcap and the transposes keep the AVX2 code (side paths).
+ * tails instead of scalar loops); softcap keeps the AVX2 code (a side path).
  *
  * exp is the AVX2 file's algorithm (same clamp, Cody-Waite split, degree-7 Taylor polynomial,
  * 2^n built in the exponent field so that inputs <= -87.7, -inf included, give exactly 0). */
@@ -494,10 +494,77 @@ static bool z_all_finite(const float *x, int64_t n) {
     return (bm | bm2) == 0;
 }
 
+
+/* ----------------------------------------------------------- transposes */
+
+/* In-register transpose of 16 rows of 16 floats. */
+AI void transpose16(__m512 *r) {
+    __m512 t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    /* r[4 i + j] now holds, per 128-bit lane k, element j of rows 4 i .. 4 i + 3, columns 4 k + j */
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88), b = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+        const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88), d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+        t[j] = _mm512_shuffle_f32x4(a, c, 0x88);      /* column j */
+        t[8 + j] = _mm512_shuffle_f32x4(a, c, 0xDD);  /* column 8 + j */
+        t[4 + j] = _mm512_shuffle_f32x4(b, d, 0x88);  /* column 4 + j */
+        t[12 + j] = _mm512_shuffle_f32x4(b, d, 0xDD); /* column 12 + j */
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i)
+        r[i] = t[i];
+}
+
+/* t[c * ld + r] = scale * x[r * rs + c] for r < nrows, c < ncols, in 16 x 16 blocks (masked
+ * at the edges: nothing outside the two ranges is read or written). */
+static void z_transpose_scaled(const float *x, ptrdiff_t rs, int64_t nrows, int64_t ncols, float scale, float *t,
+                               ptrdiff_t ld) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
+        const int64_t nr = nrows - r0 < 16 ? nrows - r0 : 16;
+        const __mmask16 rm = head16(nr);
+        for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
+            const int64_t nc = ncols - c0 < 16 ? ncols - c0 : 16;
+            const __mmask16 cm = head16(nc);
+            __m512 v[16];
+#pragma GCC unroll 16
+            for (int u = 0; u < 16; ++u)
+                v[u] = u < nr ? _mm512_maskz_loadu_ps(cm, x + (r0 + u) * rs + c0) : _mm512_setzero_ps();
+            transpose16(v);
+#pragma GCC unroll 16
+            for (int u = 0; u < 16; ++u)
+                if (u < nc)
+                    _mm512_mask_storeu_ps(t + (c0 + u) * ld + r0, rm, _mm512_mul_ps(sc, v[u]));
+        }
+    }
+}
+
+static void z_pack_lanes(const float *x, ptrdiff_t rs, int64_t nrows, int64_t ncols, float scale, float *t,
+                         int64_t ld) {
+    z_transpose_scaled(x, rs, nrows, ncols, scale, t, (ptrdiff_t)ld);
+}
+
+/* x[r * rs + c] = t[c * ld + r]: the same transpose the other way (scale 1 is exact). */
+static void z_unpack_lanes(const float *t, int64_t ld, int64_t nrows, int64_t ncols, float *x, ptrdiff_t rs) {
+    z_transpose_scaled(t, (ptrdiff_t)ld, ncols, nrows, 1.0f, x, rs);
+}
+
 const sdpa__mk sdpa__mk_avx512 = {
     "tiled-avx512", "decode-avx512", "decode-split-avx512",
     z_lanes_gemm, sdpa__avx2_softcap, z_lanes_range_mask, z_lanes_softmax, 2 * SDPA__LANES,
     z_dot_rows, z_row_max, z_exp_sum, z_axpy_rows, z_all_finite,
-    sdpa__avx2_pack_lanes, sdpa__avx2_unpack_lanes,
+    z_pack_lanes, z_unpack_lanes,
     z_dot_rows_multi, z_axpy_rows_multi,
 };

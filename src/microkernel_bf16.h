@@ -24,6 +24,27 @@ void sdpa__bf16_lanes_scores_avx512bf16(const uint32_t *qp, int64_t ldq, int64_t
                                         ptrdiff_t ks, int64_t nk, float scale, float *st, int64_t ld);
 void sdpa__bf16_axpy_rows_avx512bf16(float *o, int64_t nev, float alpha, const uint16_t *p, int64_t cnt,
                                      const uint16_t *v, ptrdiff_t vs);
+
+/* The tiled kernel's bf16 path (SDPA_PRECISION_REDUCED), blocked 8 rows x 32 lanes as the
+ * float32 lanes_gemm (16 accumulators). Per element the pair steps run in pair order whatever
+ * the blocking or lane offset, so results never depend on it.
+ * Scores, as sdpa__bf16_lanes_scores_avx512bf16 (same arguments and results), any ks >= ne. */
+void sdpa__bf16_lanes_scores_pairs_avx512bf16(const uint32_t *qp, int64_t ldq, int64_t ne, int64_t w,
+                                              const uint16_t *k, ptrdiff_t ks, int64_t nk, float scale, float *st,
+                                              int64_t ld);
+/* P.V over keys in pairs: o[d * ld + l] = sum_{tp < np} vp[tp * nev + d] . pp[tp * ldp + l]
+ * (each a bf16 pair: key 2 tp low, 2 tp + 1 high), stored, or with beta added to
+ * beta[l] * o[d * ld + l]; for d < nev, l < w (a multiple of 16). np may be 0 (o = beta o, or 0). */
+void sdpa__bf16_lanes_pv_avx512bf16(int64_t nev, int64_t np, const uint32_t *vp, const uint32_t *pp, int64_t ldp,
+                                    float *o, const float *beta, int64_t w, int64_t ld);
+/* Probabilities rounded to bf16 (nearest even; below 2^-126 to 0) in key pairs:
+ * pp[tp * ldp + l] = bf16(st[2 tp][l]) | bf16(st[2 tp + 1][l]) << 16 (0 beyond n), l < w. */
+void sdpa__bf16_pack_p_avx512bf16(const float *st, int64_t ld, int64_t n, int64_t w, uint32_t *pp, int64_t ldp);
+/* Value rows in key pairs: vp[tp * nev + d] = v_{j(2 tp)}[d] | v_{j(2 tp + 1)}[d] << 16, with
+ * j(t) = idx[t] (or t if idx is NULL), the high half 0 for an odd n's last pair (nothing beyond
+ * key n - 1 is read); v_j at v + j * vs, contiguous along d. */
+void sdpa__bf16_pack_v_avx512bf16(const uint16_t *v, ptrdiff_t vs, const int32_t *idx, int64_t n, int64_t nev,
+                                  uint32_t *vp);
 #endif
 
 #endif
