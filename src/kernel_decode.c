@@ -147,7 +147,7 @@ typedef struct dctx {
      * loader's f32 copies); kvk is NULL on the mk16 path. kes: bytes per element of the K rows
      * handed to them ([0]: an f32 copy, [1]: K as stored). */
     const sdpa__mk_kv *kvk, *kvv, *kv_f32;
-    ptrdiff_t kes[2];
+    ptrdiff_t kes[2], ves[2];
     const sdpa__mk_bf16 *mk16; /* REDUCED with bf16 q and k: scores by bf16 dot products; else NULL */
     sdpa__dropout drop;
     dplan d;
@@ -162,7 +162,32 @@ typedef struct kvseg {
     int64_t t0, n;
     const void *data;
     ptrdiff_t stride;
+    bool runs_on; /* rows continue past it in memory (the micro-kernels prefetch along them) */
 } kvseg;
+
+/* Keys a micro-kernel's own prefetch runs ahead of the stream, as bytes (microkernel_avx512.c). */
+#define PF_AHEAD_BYTES 8192
+
+/* Prefetch (a hint: nothing is read architecturally) rows [r0, r1) of (b, g) where the loader
+ * keeps them (paged: in their blocks, which the micro-kernels cannot see ahead), row_bytes each. */
+static void prefetch_rows(const sdpa__loader *ld, const sdpa__view4 *v, int64_t b, int64_t g, int64_t r0, int64_t r1,
+                          int64_t row_bytes, ptrdiff_t es) {
+#if defined(__GNUC__)
+    while (r0 < r1) {
+        const sdpa__raw_rows rr = ld->rows_raw(v, b, g, r0, r1);
+        if (rr.n <= 0)
+            return;
+        for (int64_t t = 0; t < rr.n; ++t) {
+            const char *row = (const char *)rr.data + t * rr.stride * es;
+            for (int64_t x = 0; x < row_bytes; x += 64)
+                __builtin_prefetch(row + x, 0, 3);
+        }
+        r0 += rr.n;
+    }
+#else
+    (void)ld, (void)v, (void)b, (void)g, (void)r0, (void)r1, (void)row_bytes, (void)es;
+#endif
+}
 
 /* Rows [ta, tc) of (b, kv head g) as stored, in runs (segments) the loader gives in place
  * (strided: one; paged: one per block). With align8, every segment but the last must end a
@@ -181,6 +206,7 @@ static int64_t kv_segments(const sdpa__loader *ld, const sdpa__view4 *v, int64_t
         seg[ns].n = rr.n;
         seg[ns].data = rr.data;
         seg[ns].stride = rr.stride;
+        seg[ns].runs_on = rr.runs_on;
         ++ns;
         x += rr.n;
     }
@@ -330,11 +356,12 @@ static void decode_task(void *vctx, int64_t task, int tid) {
             int64_t nseg = kv_segments(p->load_k, &p->k, b, g, ta, tc, true, seg);
             if (nseg == 0) {
                 const sdpa__rows kr = p->load_k->rows(&p->k, b, g, ta, tc, kp);
-                seg[0] = (kvseg){0, n, kr.data, kr.stride};
+                seg[0] = (kvseg){0, n, kr.data, kr.stride, true};
                 nseg = 1;
                 kvk = c->kv_f32;
             }
             const ptrdiff_t kes = c->kes[kvk == c->kv_f32 ? 0 : 1];
+            const int64_t kpf = PF_AHEAD_BYTES / (E * kes > 0 ? E * kes : 1); /* keys ahead */
             for (int64_t c0 = 0; c0 < n; c0 += kc) {
                 const int64_t cn = n - c0 < kc ? n - c0 : kc;
                 for (int64_t sg = 0; sg < nseg; ++sg) {
@@ -343,16 +370,20 @@ static void decode_task(void *vctx, int64_t task, int tid) {
                     if (x0 >= x1)
                         continue;
                     const void *kx = (const char *)seg[sg].data + (x0 - seg[sg].t0) * seg[sg].stride * kes;
+                    const bool pf = seg[sg].runs_on;
+                    if (!pf) /* the keys the micro-kernel would prefetch, through the loader */
+                        prefetch_rows(p->load_k, &p->k, b, g, ta + x0 + kpf, ta + x1 + kpf < jmax ? ta + x1 + kpf : jmax,
+                                      E * kes, kes);
                     if (multi) { /* all the rows from one read of each K row (same sums as dot_rows) */
                         for (int64_t j = 0; j < na; ++j) {
                             qa[j] = qp + ra[j] * E;
                             sa[j] = s + ra[j] * BN + x0;
                         }
-                        kvk->dot_rows_multi(na, qa, E, kx, seg[sg].stride, x1 - x0, sa);
+                        kvk->dot_rows_multi(na, qa, E, kx, seg[sg].stride, x1 - x0, sa, pf);
                         continue;
                     }
                     for (int64_t j = 0; j < na; ++j)
-                        kvk->dot_rows(qp + ra[j] * E, E, kx, seg[sg].stride, x1 - x0, s + ra[j] * BN + x0);
+                        kvk->dot_rows(qp + ra[j] * E, E, kx, seg[sg].stride, x1 - x0, s + ra[j] * BN + x0, pf);
                 }
             }
         }
@@ -401,10 +432,12 @@ static void decode_task(void *vctx, int64_t task, int tid) {
         int64_t nseg = kvv != NULL ? kv_segments(p->load_v, &p->v, b, g, ta, tc, false, seg) : 0;
         if (nseg == 0) {
             const sdpa__rows vr = p->load_v->rows(&p->v, b, g, ta, tc, vp);
-            seg[0] = (kvseg){0, n, vr.data, vr.stride};
+            seg[0] = (kvseg){0, n, vr.data, vr.stride, true};
             nseg = 1;
             kvv = c->kv_f32;
         }
+        const ptrdiff_t ves = c->ves[kvv == c->kv_f32 ? 0 : 1];
+        const int64_t vpf = PF_AHEAD_BYTES / (Ev * ves > 0 ? Ev * ves : 1);
         bool first = true;
         int64_t i = 0;
         for (int64_t sg = 0; sg < nseg || first; ++sg) {
@@ -415,6 +448,10 @@ static void decode_task(void *vctx, int64_t task, int tid) {
                 ++i1;
             if (none)
                 sg = 0;
+            const bool pf = seg[sg].runs_on;
+            if (!pf && !none)
+                prefetch_rows(p->load_v, &p->v, b, g, ta + t0 + vpf,
+                              ta + t0 + seg[sg].n + vpf < jmax ? ta + t0 + seg[sg].n + vpf : jmax, Ev * ves, ves);
             for (int64_t c0 = i; c0 < i1 || (none && first); c0 += vc) {
                 const int64_t cn = i1 - c0 < vc ? i1 - c0 : vc;
                 const int32_t *ix = idx + c0;
@@ -430,11 +467,11 @@ static void decode_task(void *vctx, int64_t task, int tid) {
                         aa[j] = first ? alpha[ra[j]] : 1.0f;
                     }
                     kvv->axpy_rows_multi(na, oa, Ev, aa, (const float *const *)sa, ix, cn, seg[sg].data,
-                                         seg[sg].stride);
+                                         seg[sg].stride, pf);
                 } else {
                     for (int64_t j = 0; j < na; ++j)
                         kvv->axpy_rows(o + ra[j] * Ev, Ev, first ? alpha[ra[j]] : 1.0f, s + ra[j] * BN + t0, ix, cn,
-                                       seg[sg].data, seg[sg].stride);
+                                       seg[sg].data, seg[sg].stride, pf);
                 }
                 first = false;
             }
@@ -495,6 +532,8 @@ static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t
         c.kvk = c.kv_f32;
     c.kes[0] = (ptrdiff_t)sizeof(float);
     c.kes[1] = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)p->k.dtype);
+    c.ves[0] = (ptrdiff_t)sizeof(float);
+    c.ves[1] = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)p->v.dtype);
     c.d = decode_plan(p);
     c.lay = make_layout(p, &c.d);
     if (threads < 1)

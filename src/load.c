@@ -34,7 +34,7 @@ static bool f32_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int
 
 /* Any dtype: in place when the last axis is contiguous. */
 static sdpa__raw_rows strided_rows_raw(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1) {
-    sdpa__raw_rows out = {NULL, 0, 0};
+    sdpa__raw_rows out = {NULL, 0, 0, true};
     if (v->strides[3] != 1 && v->shape[3] > 1)
         return out;
     const int64_t off = b * v->strides[0] + h * v->strides[1] + r0 * v->strides[2];
@@ -146,7 +146,7 @@ static bool paged_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int64_t b
 /* Rows from r0 to the end of its block (and of the keys) in place: one block's slots are a
  * strided run of the pool. */
 static sdpa__raw_rows paged_rows_raw(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1) {
-    sdpa__raw_rows out = {NULL, 0, 0};
+    sdpa__raw_rows out = {NULL, 0, 0, false};
     const int64_t bs = v->block_size, len = v->key_lengths[b];
     if ((v->strides[3] != 1 && v->shape[3] > 1) || r0 >= len)
         return out;

@@ -56,6 +56,7 @@ typedef struct sdpa__raw_rows {
     const void *data;
     ptrdiff_t stride;
     int64_t n;
+    bool runs_on; /* the following rows continue at the same stride (strided: a hardware-friendly stream) */
 } sdpa__raw_rows;
 
 typedef struct sdpa__loader {

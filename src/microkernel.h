@@ -83,15 +83,17 @@ typedef struct sdpa__mk {
  * exactly widened rows, with the same summation order, so the results equal, bit for bit, those
  * of the loader's f32 tile through sdpa__mk (and the f32 column is that member). Looked up by
  * [isa][sdpa_dtype] (dispatch.c: sdpa__dispatch_mk_kv). The multi-row members may be NULL
- * (the caller loops over the rows). */
+ * (the caller loops over the rows). pf: prefetch ahead along the rows' addresses (the rows
+ * continue in memory past the call: a strided cache) as the sdpa__mk members do; false when
+ * they do not (a paged block: the caller prefetches the next block itself). */
 typedef struct sdpa__mk_kv {
-    void (*dot_rows)(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s);
+    void (*dot_rows)(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s, bool pf);
     void (*axpy_rows)(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
-                      const void *v, ptrdiff_t vs);
+                      const void *v, ptrdiff_t vs, bool pf);
     void (*dot_rows_multi)(int64_t nr, const float *const *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n,
-                           float *const *s);
+                           float *const *s, bool pf);
     void (*axpy_rows_multi)(int64_t nr, float *const *o, int64_t nev, const float *alpha, const float *const *p,
-                            const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs);
+                            const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs, bool pf);
 } sdpa__mk_kv;
 
 /* [sdpa_dtype] columns of each ISA's rows kernels on stored K/V. */

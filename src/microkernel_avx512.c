@@ -234,7 +234,8 @@ AI __m256 hsum8x16(const __m512 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
 }
 
-AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s) {
+AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s,
+                  bool pf) {
     const int64_t ev = ne & ~(int64_t)15, rb = ne * esize(DT);
     const __mmask16 tm = head16(ne - ev);
     int64_t t = 0;
@@ -244,7 +245,8 @@ AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrd
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u) {
             a[u] = _mm512_setzero_ps();
-            prefetch_at(at(DT, kr, u * ks), rb, PF_BYTES);
+            if (pf)
+                prefetch_at(at(DT, kr, u * ks), rb, PF_BYTES);
         }
         for (int64_t e = 0; e < ev; e += 16) {
             const __m512 qv = _mm512_loadu_ps(q + e);
@@ -262,7 +264,8 @@ AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrd
     }
     for (; t < n; ++t) {
         const void *kr = at(DT, k, t * ks);
-        prefetch_at(kr, rb, PF_BYTES);
+        if (pf)
+            prefetch_at(kr, rb, PF_BYTES);
         __m512 a = _mm512_setzero_ps();
         for (int64_t e = 0; e < ev; e += 16)
             a = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), ld16(DT, at(DT, kr, e)), a);
@@ -301,7 +304,7 @@ static float z_exp_sum(float *s, int64_t n, float u) {
 /* Up to 8 vectors (128 elements) of o per pass over the used rows: each V row is read once per
  * pass, so once in all for Ev <= 128. Per element the sum runs in t order, as in every set. */
 AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,
-                    int64_t cnt, const void *v, ptrdiff_t vs) {
+                    int64_t cnt, const void *v, ptrdiff_t vs, bool pf) {
     const __m512 al = _mm512_set1_ps(alpha);
     int64_t d = 0;
     for (; d + 128 <= nev; d += 128) {
@@ -312,7 +315,8 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
         for (int64_t t = 0; t < cnt; ++t) {
             const __m512 w = _mm512_set1_ps(p[idx[t]]);
             const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
-            prefetch_at(vr, 128 * esize(DT), PF_BYTES);
+            if (pf)
+                prefetch_at(vr, 128 * esize(DT), PF_BYTES);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
                 a[u] = _mm512_fmadd_ps(w, ld16(DT, at(DT, vr, 16 * u)), a[u]);
@@ -333,7 +337,8 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
         for (int64_t t = 0; t < cnt; ++t) {
             const __m512 w = _mm512_set1_ps(p[idx[t]]);
             const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
-            prefetch_at(vr, rest * esize(DT), PF_BYTES);
+            if (pf)
+                prefetch_at(vr, rest * esize(DT), PF_BYTES);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
                 if (mk[u])
@@ -434,14 +439,14 @@ AI void dotm_block(const int DT, const int NR, const float *const *q, int64_t ne
 }
 
 AI void dot_rows_multi_t(const int DT, int64_t nr, const float *const *q, int64_t ne, const void *k, ptrdiff_t ks,
-                         int64_t n, float *const *s) {
+                         int64_t n, float *const *s, bool pf) {
     int64_t r = 0;
     for (; r + 4 <= nr; r += 4)
-        dotm_block(DT, 4, q + r, ne, k, ks, n, s + r, r == 0);
+        dotm_block(DT, 4, q + r, ne, k, ks, n, s + r, pf && r == 0);
     switch (nr - r) {
-    case 3: dotm_block(DT, 3, q + r, ne, k, ks, n, s + r, r == 0); break;
-    case 2: dotm_block(DT, 2, q + r, ne, k, ks, n, s + r, r == 0); break;
-    case 1: dotm_block(DT, 1, q + r, ne, k, ks, n, s + r, r == 0); break;
+    case 3: dotm_block(DT, 3, q + r, ne, k, ks, n, s + r, pf && r == 0); break;
+    case 2: dotm_block(DT, 2, q + r, ne, k, ks, n, s + r, pf && r == 0); break;
+    case 1: dotm_block(DT, 1, q + r, ne, k, ks, n, s + r, pf && r == 0); break;
     default: break;
     }
 }
@@ -491,35 +496,37 @@ AI void axpym_block(const int DT, const int NR, float *const *o, int64_t nev, co
 }
 
 AI void axpy_rows_multi_t(const int DT, int64_t nr, float *const *o, int64_t nev, const float *alpha,
-                          const float *const *p, const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs) {
+                          const float *const *p, const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs,
+                          bool pf) {
     int64_t r = 0;
     for (; r + 4 <= nr; r += 4)
-        axpym_block(DT, 4, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0);
+        axpym_block(DT, 4, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, pf && r == 0);
     switch (nr - r) {
-    case 3: axpym_block(DT, 3, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0); break;
-    case 2: axpym_block(DT, 2, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0); break;
-    case 1: axpym_block(DT, 1, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0); break;
+    case 3: axpym_block(DT, 3, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, pf && r == 0); break;
+    case 2: axpym_block(DT, 2, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, pf && r == 0); break;
+    case 1: axpym_block(DT, 1, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, pf && r == 0); break;
     default: break;
     }
 }
 
 /* One instantiation per storage dtype: X(name suffix, sdpa_dtype). */
 #define Z_ROWS(SUF, DT)                                                                                          \
-    static void z_dot_rows_##SUF(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s) { \
-        dot_rows_t(DT, q, ne, k, ks, n, s);                                                                      \
+    static void z_dot_rows_##SUF(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s,  \
+                                 bool pf) {                                                                      \
+        dot_rows_t(DT, q, ne, k, ks, n, s, pf);                                                                  \
     }                                                                                                            \
     static void z_axpy_rows_##SUF(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,       \
-                                  int64_t cnt, const void *v, ptrdiff_t vs) {                                   \
-        axpy_rows_t(DT, o, nev, alpha, p, idx, cnt, v, vs);                                                      \
+                                  int64_t cnt, const void *v, ptrdiff_t vs, bool pf) {                          \
+        axpy_rows_t(DT, o, nev, alpha, p, idx, cnt, v, vs, pf);                                                  \
     }                                                                                                            \
     static void z_dot_rows_multi_##SUF(int64_t nr, const float *const *q, int64_t ne, const void *k,            \
-                                       ptrdiff_t ks, int64_t n, float *const *s) {                               \
-        dot_rows_multi_t(DT, nr, q, ne, k, ks, n, s);                                                            \
+                                       ptrdiff_t ks, int64_t n, float *const *s, bool pf) {                      \
+        dot_rows_multi_t(DT, nr, q, ne, k, ks, n, s, pf);                                                        \
     }                                                                                                            \
     static void z_axpy_rows_multi_##SUF(int64_t nr, float *const *o, int64_t nev, const float *alpha,           \
                                         const float *const *p, const int32_t *idx, int64_t cnt, const void *v,   \
-                                        ptrdiff_t vs) {                                                          \
-        axpy_rows_multi_t(DT, nr, o, nev, alpha, p, idx, cnt, v, vs);                                            \
+                                        ptrdiff_t vs, bool pf) {                                                 \
+        axpy_rows_multi_t(DT, nr, o, nev, alpha, p, idx, cnt, v, vs, pf);                                        \
     }
 Z_ROWS(f32, SDPA_DTYPE_F32)
 Z_ROWS(f16, SDPA_DTYPE_F16)
@@ -527,19 +534,19 @@ Z_ROWS(bf16, SDPA_DTYPE_BF16)
 
 /* The float32 members of the table (the same instantiation as the f32 column of sdpa__mk_kv_avx512). */
 static void z_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
-    dot_rows_t(SDPA_DTYPE_F32, q, ne, k, ks, n, s);
+    dot_rows_t(SDPA_DTYPE_F32, q, ne, k, ks, n, s, true);
 }
 static void z_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
                         const float *v, ptrdiff_t vs) {
-    axpy_rows_t(SDPA_DTYPE_F32, o, nev, alpha, p, idx, cnt, v, vs);
+    axpy_rows_t(SDPA_DTYPE_F32, o, nev, alpha, p, idx, cnt, v, vs, true);
 }
 static void z_dot_rows_multi(int64_t nr, const float *const *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n,
                              float *const *s) {
-    dot_rows_multi_t(SDPA_DTYPE_F32, nr, q, ne, k, ks, n, s);
+    dot_rows_multi_t(SDPA_DTYPE_F32, nr, q, ne, k, ks, n, s, true);
 }
 static void z_axpy_rows_multi(int64_t nr, float *const *o, int64_t nev, const float *alpha, const float *const *p,
                               const int32_t *idx, int64_t cnt, const float *v, ptrdiff_t vs) {
-    axpy_rows_multi_t(SDPA_DTYPE_F32, nr, o, nev, alpha, p, idx, cnt, v, vs);
+    axpy_rows_multi_t(SDPA_DTYPE_F32, nr, o, nev, alpha, p, idx, cnt, v, vs, true);
 }
 
 static bool z_all_finite(const float *x, int64_t n) {
