@@ -168,25 +168,17 @@ typedef struct kvseg {
 /* Keys a micro-kernel's own prefetch runs ahead of the stream, as bytes (microkernel_avx512.c). */
 #define PF_AHEAD_BYTES 8192
 
-/* Prefetch (a hint: nothing is read architecturally) rows [r0, r1) of (b, g) where the loader
- * keeps them (paged: in their blocks, which the micro-kernels cannot see ahead), row_bytes each. */
-static void prefetch_rows(const sdpa__loader *ld, const sdpa__view4 *v, int64_t b, int64_t g, int64_t r0, int64_t r1,
-                          int64_t row_bytes, ptrdiff_t es) {
-#if defined(__GNUC__)
-    while (r0 < r1) {
-        const sdpa__raw_rows rr = ld->rows_raw(v, b, g, r0, r1);
-        if (rr.n <= 0)
-            return;
-        for (int64_t t = 0; t < rr.n; ++t) {
-            const char *row = (const char *)rr.data + t * rr.stride * es;
-            for (int64_t x = 0; x < row_bytes; x += 64)
-                __builtin_prefetch(row + x, 0, 3);
-        }
-        r0 += rr.n;
-    }
-#else
-    (void)ld, (void)v, (void)b, (void)g, (void)r0, (void)r1, (void)row_bytes, (void)es;
-#endif
+/* Where the micro-kernels prefetch for a piece of rows starting at tile key x (segment sg,
+ * data at px; microkernel.h, pf): ahead bytes further along a strided run, else (paged) the
+ * block holding key ta + x + ahead_keys, through the loader (NULL past the keys to read). */
+static const void *prefetch_base(const sdpa__loader *ld, const sdpa__view4 *v, int64_t b, int64_t g, const kvseg *sg,
+                                 const void *px, int64_t key, int64_t end, int64_t ahead_bytes) {
+    if (sg->runs_on)
+        return (const char *)px + ahead_bytes;
+    if (key >= end)
+        return NULL;
+    const sdpa__raw_rows rr = ld->rows_raw(v, b, g, key, end);
+    return rr.n > 0 ? rr.data : NULL;
 }
 
 /* Rows [ta, tc) of (b, kv head g) as stored, in runs (segments) the loader gives in place
@@ -366,7 +358,7 @@ static void decode_task(void *vctx, int64_t task, int tid) {
                 kvk = c->kv_f32;
             }
             const ptrdiff_t kes = c->kes[kvk == c->kv_f32 ? 0 : 1];
-            const int64_t kpf = PF_AHEAD_BYTES / (E * kes > 0 ? E * kes : 1); /* keys ahead */
+            const int64_t kpf = E * kes > 0 && E * kes < PF_AHEAD_BYTES ? PF_AHEAD_BYTES / (E * kes) : 1; /* keys ahead */
             for (int64_t c0 = 0; c0 < n; c0 += kc) {
                 const int64_t cn = n - c0 < kc ? n - c0 : kc;
                 for (int64_t sg = 0; sg < nseg; ++sg) {
@@ -375,10 +367,9 @@ static void decode_task(void *vctx, int64_t task, int tid) {
                     if (x0 >= x1)
                         continue;
                     const void *kx = (const char *)seg[sg].data + (x0 - seg[sg].t0) * seg[sg].stride * kes;
-                    const bool pf = seg[sg].runs_on;
-                    if (!pf) /* the keys the micro-kernel would prefetch, through the loader */
-                        prefetch_rows(p->load_k, &p->k, b, g, ta + x0 + kpf, ta + x1 + kpf < jmax ? ta + x1 + kpf : jmax,
-                                      E * kes, kes);
+                    const int64_t ahead = multi ? 2 * kpf : kpf;
+                    const void *pf = prefetch_base(p->load_k, &p->k, b, g, &seg[sg], kx, ta + x0 + ahead, jmax,
+                                                   ahead * E * kes);
                     if (multi) { /* all the rows from one read of each K row (same sums as dot_rows) */
                         for (int64_t j = 0; j < na; ++j) {
                             qa[j] = qp + ra[j] * E;
@@ -442,7 +433,7 @@ static void decode_task(void *vctx, int64_t task, int tid) {
             kvv = c->kv_f32;
         }
         const ptrdiff_t ves = c->ves[kvv == c->kv_f32 ? 0 : 1];
-        const int64_t vpf = PF_AHEAD_BYTES / (Ev * ves > 0 ? Ev * ves : 1);
+        const int64_t vpf = Ev * ves > 0 && Ev * ves < PF_AHEAD_BYTES ? PF_AHEAD_BYTES / (Ev * ves) : 1;
         bool first = true;
         int64_t i = 0;
         for (int64_t sg = 0; sg < nseg || first; ++sg) {
@@ -453,10 +444,10 @@ static void decode_task(void *vctx, int64_t task, int tid) {
                 ++i1;
             if (none)
                 sg = 0;
-            const bool pf = seg[sg].runs_on;
-            if (!pf && !none)
-                prefetch_rows(p->load_v, &p->v, b, g, ta + t0 + vpf,
-                              ta + t0 + seg[sg].n + vpf < jmax ? ta + t0 + seg[sg].n + vpf : jmax, Ev * ves, ves);
+            const int64_t ahead = multi ? 2 * vpf : vpf;
+            const void *pf = none ? NULL
+                                  : prefetch_base(p->load_v, &p->v, b, g, &seg[sg], seg[sg].data, ta + t0 + ahead, jmax,
+                                                  ahead * Ev * ves);
             for (int64_t c0 = i; c0 < i1 || (none && first); c0 += vc) {
                 const int64_t cn = i1 - c0 < vc ? i1 - c0 : vc;
                 const int32_t *ix = idx + c0;

@@ -83,17 +83,19 @@ typedef struct sdpa__mk {
  * exactly widened rows, with the same summation order, so the results equal, bit for bit, those
  * of the loader's f32 tile through sdpa__mk (and the f32 column is that member). Looked up by
  * [isa][sdpa_dtype] (dispatch.c: sdpa__dispatch_mk_kv). The multi-row members may be NULL
- * (the caller loops over the rows). pf: prefetch ahead along the rows' addresses (the rows
- * continue in memory past the call: a strided cache) as the sdpa__mk members do; false when
- * they do not (a paged block: the caller prefetches the next block itself). */
+ * (the caller loops over the rows). pf (NULL: none): where the rows a stream's distance ahead
+ * are, at the same strides: when a kernel reads row t (element offset t * ks), it prefetches
+ * element offset t * ks of pf (a hint; nothing there is read). The sdpa__mk members pass k (v)
+ * plus the ISA's distance (the rows continue in memory); a paged caller passes the block that
+ * holds the keys that far ahead. Only the ISA sets that prefetch (AVX-512) use it. */
 typedef struct sdpa__mk_kv {
-    void (*dot_rows)(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s, bool pf);
+    void (*dot_rows)(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s, const void *pf);
     void (*axpy_rows)(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
-                      const void *v, ptrdiff_t vs, bool pf);
+                      const void *v, ptrdiff_t vs, const void *pf);
     void (*dot_rows_multi)(int64_t nr, const float *const *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n,
-                           float *const *s, bool pf);
+                           float *const *s, const void *pf);
     void (*axpy_rows_multi)(int64_t nr, float *const *o, int64_t nev, const float *alpha, const float *const *p,
-                            const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs, bool pf);
+                            const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs, const void *pf);
 } sdpa__mk_kv;
 
 /* [sdpa_dtype] columns of each ISA's rows kernels on stored K/V. */

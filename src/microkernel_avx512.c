@@ -235,7 +235,7 @@ AI __m256 hsum8x16(const __m512 *a) {
 }
 
 AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s,
-                  bool pf) {
+                  const void *pf) {
     const int64_t ev = ne & ~(int64_t)15, rb = ne * esize(DT);
     const __mmask16 tm = head16(ne - ev);
     int64_t t = 0;
@@ -246,7 +246,7 @@ AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrd
         for (int u = 0; u < 8; ++u) {
             a[u] = _mm512_setzero_ps();
             if (pf)
-                prefetch_at(at(DT, kr, u * ks), rb, PF_BYTES);
+                prefetch_at(at(DT, pf, (t + u) * ks), rb, 0);
         }
         for (int64_t e = 0; e < ev; e += 16) {
             const __m512 qv = _mm512_loadu_ps(q + e);
@@ -265,7 +265,7 @@ AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrd
     for (; t < n; ++t) {
         const void *kr = at(DT, k, t * ks);
         if (pf)
-            prefetch_at(kr, rb, PF_BYTES);
+            prefetch_at(at(DT, pf, t * ks), rb, 0);
         __m512 a = _mm512_setzero_ps();
         for (int64_t e = 0; e < ev; e += 16)
             a = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), ld16(DT, at(DT, kr, e)), a);
@@ -304,7 +304,7 @@ static float z_exp_sum(float *s, int64_t n, float u) {
 /* Up to 8 vectors (128 elements) of o per pass over the used rows: each V row is read once per
  * pass, so once in all for Ev <= 128. Per element the sum runs in t order, as in every set. */
 AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,
-                    int64_t cnt, const void *v, ptrdiff_t vs, bool pf) {
+                    int64_t cnt, const void *v, ptrdiff_t vs, const void *pf) {
     const __m512 al = _mm512_set1_ps(alpha);
     int64_t d = 0;
     for (; d + 128 <= nev; d += 128) {
@@ -316,7 +316,7 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
             const __m512 w = _mm512_set1_ps(p[idx[t]]);
             const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
             if (pf)
-                prefetch_at(vr, 128 * esize(DT), PF_BYTES);
+                prefetch_at(at(DT, pf, (ptrdiff_t)idx[t] * vs + d), 128 * esize(DT), 0);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
                 a[u] = _mm512_fmadd_ps(w, ld16(DT, at(DT, vr, 16 * u)), a[u]);
@@ -338,7 +338,7 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
             const __m512 w = _mm512_set1_ps(p[idx[t]]);
             const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
             if (pf)
-                prefetch_at(vr, rest * esize(DT), PF_BYTES);
+                prefetch_at(at(DT, pf, (ptrdiff_t)idx[t] * vs + d), rest * esize(DT), 0);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
                 if (mk[u])
@@ -365,7 +365,7 @@ AI __m128 hsum4x16(const __m512 *a) {
  * Keys in whole blocks of 8 (as dot_rows_t sees them) are summed by hsum4x16 four at a time,
  * the others by _mm512_reduce_add_ps, as in dot_rows_t. */
 AI void dotm_block(const int DT, const int NR, const float *const *q, int64_t ne, const void *k, ptrdiff_t ks,
-                   int64_t n, float *const *s, bool pf) {
+                   int64_t n, float *const *s, const void *pf) {
     const int64_t ev = ne & ~(int64_t)15, rb = ne * esize(DT);
     const __mmask16 tm = head16(ne - ev);
     int64_t t = 0;
@@ -381,7 +381,7 @@ AI void dotm_block(const int DT, const int NR, const float *const *q, int64_t ne
             if (pf)
 #pragma GCC unroll 4
                 for (int u = 0; u < 4; ++u)
-                    prefetch_at(at(DT, kr, u * ks), rb, PF_MULTI);
+                    prefetch_at(at(DT, pf, (t + hf + u) * ks), rb, 0);
             for (int64_t e = 0; e < ev; e += 16) {
                 __m512 kv[4];
 #pragma GCC unroll 4
@@ -415,7 +415,7 @@ AI void dotm_block(const int DT, const int NR, const float *const *q, int64_t ne
     for (; t < n; ++t) {
         const void *kr = at(DT, k, t * ks);
         if (pf)
-            prefetch_at(kr, rb, PF_MULTI);
+            prefetch_at(at(DT, pf, t * ks), rb, 0);
         __m512 a[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; ++r)
@@ -439,14 +439,14 @@ AI void dotm_block(const int DT, const int NR, const float *const *q, int64_t ne
 }
 
 AI void dot_rows_multi_t(const int DT, int64_t nr, const float *const *q, int64_t ne, const void *k, ptrdiff_t ks,
-                         int64_t n, float *const *s, bool pf) {
+                         int64_t n, float *const *s, const void *pf) {
     int64_t r = 0;
     for (; r + 4 <= nr; r += 4)
-        dotm_block(DT, 4, q + r, ne, k, ks, n, s + r, pf && r == 0);
+        dotm_block(DT, 4, q + r, ne, k, ks, n, s + r, r == 0 ? pf : NULL);
     switch (nr - r) {
-    case 3: dotm_block(DT, 3, q + r, ne, k, ks, n, s + r, pf && r == 0); break;
-    case 2: dotm_block(DT, 2, q + r, ne, k, ks, n, s + r, pf && r == 0); break;
-    case 1: dotm_block(DT, 1, q + r, ne, k, ks, n, s + r, pf && r == 0); break;
+    case 3: dotm_block(DT, 3, q + r, ne, k, ks, n, s + r, r == 0 ? pf : NULL); break;
+    case 2: dotm_block(DT, 2, q + r, ne, k, ks, n, s + r, r == 0 ? pf : NULL); break;
+    case 1: dotm_block(DT, 1, q + r, ne, k, ks, n, s + r, r == 0 ? pf : NULL); break;
     default: break;
     }
 }
@@ -455,7 +455,7 @@ AI void dot_rows_multi_t(const int DT, int64_t nr, const float *const *q, int64_
  * vector is loaded once for all rows. Per element: alpha * o, then the FMAs in t order, as in
  * axpy_rows_t. */
 AI void axpym_block(const int DT, const int NR, float *const *o, int64_t nev, const float *alpha,
-                    const float *const *p, const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs, bool pf) {
+                    const float *const *p, const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs, const void *pf) {
     for (int64_t d = 0; d < nev; d += 64) {
         const int64_t rest = nev - d;
         __mmask16 mk[4];
@@ -470,11 +470,11 @@ AI void axpym_block(const int DT, const int NR, float *const *o, int64_t nev, co
             for (int u = 0; u < 4; ++u)
                 a[r][u] = _mm512_mul_ps(al, _mm512_maskz_loadu_ps(mk[u], o[r] + d + 16 * u));
         }
-        const bool pfd = pf && d == 0;
+        const bool pfd = pf != NULL && d == 0;
         for (int64_t t = 0; t < cnt; ++t) {
             const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
             if (pfd)
-                prefetch_at(vr, nev * esize(DT), PF_MULTI);
+                prefetch_at(at(DT, pf, (ptrdiff_t)idx[t] * vs), nev * esize(DT), 0);
             __m512 vv[4];
 #pragma GCC unroll 4
             for (int u = 0; u < 4; ++u)
@@ -497,14 +497,14 @@ AI void axpym_block(const int DT, const int NR, float *const *o, int64_t nev, co
 
 AI void axpy_rows_multi_t(const int DT, int64_t nr, float *const *o, int64_t nev, const float *alpha,
                           const float *const *p, const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs,
-                          bool pf) {
+                          const void *pf) {
     int64_t r = 0;
     for (; r + 4 <= nr; r += 4)
-        axpym_block(DT, 4, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, pf && r == 0);
+        axpym_block(DT, 4, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0 ? pf : NULL);
     switch (nr - r) {
-    case 3: axpym_block(DT, 3, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, pf && r == 0); break;
-    case 2: axpym_block(DT, 2, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, pf && r == 0); break;
-    case 1: axpym_block(DT, 1, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, pf && r == 0); break;
+    case 3: axpym_block(DT, 3, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0 ? pf : NULL); break;
+    case 2: axpym_block(DT, 2, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0 ? pf : NULL); break;
+    case 1: axpym_block(DT, 1, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0 ? pf : NULL); break;
     default: break;
     }
 }
@@ -512,20 +512,20 @@ AI void axpy_rows_multi_t(const int DT, int64_t nr, float *const *o, int64_t nev
 /* One instantiation per storage dtype: X(name suffix, sdpa_dtype). */
 #define Z_ROWS(SUF, DT)                                                                                          \
     static void z_dot_rows_##SUF(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s,  \
-                                 bool pf) {                                                                      \
+                                 const void *pf) {                                                               \
         dot_rows_t(DT, q, ne, k, ks, n, s, pf);                                                                  \
     }                                                                                                            \
     static void z_axpy_rows_##SUF(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,       \
-                                  int64_t cnt, const void *v, ptrdiff_t vs, bool pf) {                          \
+                                  int64_t cnt, const void *v, ptrdiff_t vs, const void *pf) {                   \
         axpy_rows_t(DT, o, nev, alpha, p, idx, cnt, v, vs, pf);                                                  \
     }                                                                                                            \
     static void z_dot_rows_multi_##SUF(int64_t nr, const float *const *q, int64_t ne, const void *k,            \
-                                       ptrdiff_t ks, int64_t n, float *const *s, bool pf) {                      \
+                                       ptrdiff_t ks, int64_t n, float *const *s, const void *pf) {               \
         dot_rows_multi_t(DT, nr, q, ne, k, ks, n, s, pf);                                                        \
     }                                                                                                            \
     static void z_axpy_rows_multi_##SUF(int64_t nr, float *const *o, int64_t nev, const float *alpha,           \
                                         const float *const *p, const int32_t *idx, int64_t cnt, const void *v,   \
-                                        ptrdiff_t vs, bool pf) {                                                 \
+                                        ptrdiff_t vs, const void *pf) {                                          \
         axpy_rows_multi_t(DT, nr, o, nev, alpha, p, idx, cnt, v, vs, pf);                                        \
     }
 Z_ROWS(f32, SDPA_DTYPE_F32)
@@ -534,19 +534,19 @@ Z_ROWS(bf16, SDPA_DTYPE_BF16)
 
 /* The float32 members of the table (the same instantiation as the f32 column of sdpa__mk_kv_avx512). */
 static void z_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
-    dot_rows_t(SDPA_DTYPE_F32, q, ne, k, ks, n, s, true);
+    dot_rows_t(SDPA_DTYPE_F32, q, ne, k, ks, n, s, (const char *)k + PF_BYTES);
 }
 static void z_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
                         const float *v, ptrdiff_t vs) {
-    axpy_rows_t(SDPA_DTYPE_F32, o, nev, alpha, p, idx, cnt, v, vs, true);
+    axpy_rows_t(SDPA_DTYPE_F32, o, nev, alpha, p, idx, cnt, v, vs, (const char *)v + PF_BYTES);
 }
 static void z_dot_rows_multi(int64_t nr, const float *const *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n,
                              float *const *s) {
-    dot_rows_multi_t(SDPA_DTYPE_F32, nr, q, ne, k, ks, n, s, true);
+    dot_rows_multi_t(SDPA_DTYPE_F32, nr, q, ne, k, ks, n, s, (const char *)k + PF_MULTI);
 }
 static void z_axpy_rows_multi(int64_t nr, float *const *o, int64_t nev, const float *alpha, const float *const *p,
                               const int32_t *idx, int64_t cnt, const float *v, ptrdiff_t vs) {
-    axpy_rows_multi_t(SDPA_DTYPE_F32, nr, o, nev, alpha, p, idx, cnt, v, vs, true);
+    axpy_rows_multi_t(SDPA_DTYPE_F32, nr, o, nev, alpha, p, idx, cnt, v, vs, (const char *)v + PF_MULTI);
 }
 
 static bool z_all_finite(const float *x, int64_t n) {

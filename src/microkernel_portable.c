@@ -138,12 +138,12 @@ static void p_axpy_rows(float *o, int64_t nev, float alpha, const float *p, cons
 
 #define P_ROWS(SUF, DT)                                                                                          \
     static void p_dot_rows_##SUF(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s,  \
-                                 bool pf) {                                                                      \
+                                 const void *pf) {                                                               \
         (void)pf;                                                                                                \
         p_dot_rows_t(DT, q, ne, k, ks, n, s);                                                                    \
     }                                                                                                            \
     static void p_axpy_rows_##SUF(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,       \
-                                  int64_t cnt, const void *v, ptrdiff_t vs, bool pf) {                          \
+                                  int64_t cnt, const void *v, ptrdiff_t vs, const void *pf) {                   \
         (void)pf;                                                                                                \
         p_axpy_rows_t(DT, o, nev, alpha, p, idx, cnt, v, vs);                                                    \
     }
