@@ -13,6 +13,13 @@
  * logsumexp rule: M = max m_c, l = sum l_c exp(m_c - M), out = sum o_c exp(m_c - M) / l.
  * The chunking depends on the shape only, so results are bit-identical for any thread count.
  *
+ * K and V are read as stored (0.5): the loader's rows_raw hands out runs of rows in place
+ * (strided: the tile; paged: one run per block), and the [isa][dtype] rows kernels
+ * (microkernel.h sdpa__mk_kv) widen f16/bf16 in the register they load, so a 16-bit cache
+ * costs its own bytes and a paged one is not copied. Where a run is not in place (E not
+ * contiguous) or would split the keys differently from one call over the tile, the tile goes
+ * through the loader's f32 copy and the f32 column, which computes the same bits.
+ *
  * Outputs are assembled in the workspace and written only at the end. That gives the finite
  * check's K/V part for free, so this kernel's entry says checks_kv_inline (kernel.h) and the
  * check stage leaves the K/V rows to it: a NaN/Inf in a K row that some row attends makes that

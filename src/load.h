@@ -7,6 +7,8 @@
  * float32 rows with unit inner stride are handed out in place (a pointer into the caller's
  * buffer and its row stride: no copy, so f32 costs what it did in 0.3); any other layout is
  * copied (widened) into the caller's tile.
+ * rows_raw (0.5) hands out rows of any dtype in place, as stored, for micro-kernels that read
+ * the storage dtype themselves (the decode kernel's sdpa__mk_kv); it reads nothing.
  *
  * Adding a storage dtype (f16, bf16) is one addition here:
  *   1. write its loader in load.c (or load_<isa>.c for SIMD conversions): a `rows` function
