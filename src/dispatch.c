@@ -76,6 +76,26 @@ const sdpa__mk *sdpa__dispatch_mk(sdpa__mk_dtype dtype) {
     return &sdpa__mk_portable;
 }
 
+/* [isa] of the stored-K/V rows columns (each [sdpa_dtype]); NULL where not compiled in. */
+static const sdpa__mk_kv *const g_kv_tables[SDPA__ISA_COUNT] = {
+    [SDPA__ISA_PORTABLE] = sdpa__mk_kv_portable,
+#if defined(SDPA_HAVE_AVX2)
+    [SDPA__ISA_AVX2] = sdpa__mk_kv_avx2,
+#endif
+#if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
+    [SDPA__ISA_AVX512] = sdpa__mk_kv_avx512,
+#endif
+};
+
+const sdpa__mk_kv *sdpa__dispatch_mk_kv(int dtype) {
+    if (dtype < SDPA_DTYPE_F32 || dtype > SDPA_DTYPE_BF16)
+        return NULL;
+    for (int isa = (int)sdpa__dispatch_isa(); isa >= 0; --isa) /* the same walk as sdpa__dispatch_mk */
+        if (g_tables[isa][SDPA__MK_F32] != NULL)
+            return g_kv_tables[isa] != NULL ? &g_kv_tables[isa][dtype] : &sdpa__mk_kv_portable[dtype];
+    return &sdpa__mk_kv_portable[dtype];
+}
+
 void sdpa__dispatch_set_max_isa_for_testing(int isa) {
     atomic_store_explicit(&g_test_cap, isa < 0 ? -1 : isa, memory_order_relaxed);
 }

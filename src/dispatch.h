@@ -25,6 +25,10 @@ sdpa__isa sdpa__dispatch_isa(void);
 /* The micro-kernel table for tiles of `dtype` at the ISA in effect (the best compiled-in
  * table at or below it; never NULL for SDPA__MK_F32). */
 const sdpa__mk *sdpa__dispatch_mk(sdpa__mk_dtype dtype);
+/* The decode rows kernels on K/V rows stored as `dtype` (an sdpa_dtype: F32, F16, BF16) at the
+ * ISA of sdpa__dispatch_mk(SDPA__MK_F32) (so their results equal its rows members' on the
+ * widened rows); NULL for another dtype. */
+const sdpa__mk_kv *sdpa__dispatch_mk_kv(int dtype);
 
 /* The bf16-tile column (SDPA_PRECISION_REDUCED with bf16 q and k): VDPBF16PS products on raw
  * bf16 rows (microkernel_bf16.h), float32 results. */

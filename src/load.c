@@ -32,7 +32,20 @@ static bool f32_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int
     return sdpa__finite_strided(mk, f32_row(v, b, h, r), v->shape[3], v->strides[3]);
 }
 
-static const sdpa__loader g_f32_strided = {"f32-strided", f32_strided_rows, f32_strided_row_finite, NULL};
+/* Any dtype: in place when the last axis is contiguous. */
+static sdpa__raw_rows strided_rows_raw(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1) {
+    sdpa__raw_rows out = {NULL, 0, 0, true};
+    if (v->strides[3] != 1 && v->shape[3] > 1)
+        return out;
+    const int64_t off = b * v->strides[0] + h * v->strides[1] + r0 * v->strides[2];
+    out.data = (const unsigned char *)v->data + off * (int64_t)sdpa_dtype_size((sdpa_dtype)v->dtype);
+    out.stride = (ptrdiff_t)v->strides[2];
+    out.n = r1 - r0;
+    return out;
+}
+
+static const sdpa__loader g_f32_strided = {"f32-strided", f32_strided_rows, f32_strided_row_finite, NULL,
+                                           strided_rows_raw};
 
 /* f16 and bf16 (2-byte encodings): always widened into the tile, exactly, through the plan's
  * conversion table (convert.h; the same bits on every ISA). */
@@ -76,9 +89,10 @@ static sdpa__rows16 bf16_strided_rows_bf16(const sdpa__view4 *v, int64_t b, int6
     return out;
 }
 
-static const sdpa__loader g_f16_strided = {"f16-strided", u16_strided_rows, u16_strided_row_finite, NULL};
+static const sdpa__loader g_f16_strided = {"f16-strided", u16_strided_rows, u16_strided_row_finite, NULL,
+                                           strided_rows_raw};
 static const sdpa__loader g_bf16_strided = {"bf16-strided", u16_strided_rows, u16_strided_row_finite,
-                                            bf16_strided_rows_bf16};
+                                            bf16_strided_rows_bf16, strided_rows_raw};
 
 /* ---- paged addressing (0.5): one loader for every dtype ----
  * Rows are gathered block by block: each run of consecutive rows inside one block is a
@@ -129,9 +143,25 @@ static bool paged_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int64_t b
                              (ptrdiff_t)v->strides[3], 1, v->shape[3]);
 }
 
-static const sdpa__loader g_f32_paged = {"f32-paged", paged_rows, paged_row_finite, NULL};
-static const sdpa__loader g_f16_paged = {"f16-paged", paged_rows, paged_row_finite, NULL};
-static const sdpa__loader g_bf16_paged = {"bf16-paged", paged_rows, paged_row_finite, NULL};
+/* Rows from r0 to the end of its block (and of the keys) in place: one block's slots are a
+ * strided run of the pool. */
+static sdpa__raw_rows paged_rows_raw(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1) {
+    sdpa__raw_rows out = {NULL, 0, 0, false};
+    const int64_t bs = v->block_size, len = v->key_lengths[b];
+    if ((v->strides[3] != 1 && v->shape[3] > 1) || r0 >= len)
+        return out;
+    int64_t e = (r0 / bs + 1) * bs;
+    e = e < r1 ? e : r1;
+    e = e < len ? e : len;
+    out.data = paged_row(v, b, h, r0);
+    out.stride = (ptrdiff_t)v->strides[2];
+    out.n = e - r0;
+    return out;
+}
+
+static const sdpa__loader g_f32_paged = {"f32-paged", paged_rows, paged_row_finite, NULL, paged_rows_raw};
+static const sdpa__loader g_f16_paged = {"f16-paged", paged_rows, paged_row_finite, NULL, paged_rows_raw};
+static const sdpa__loader g_bf16_paged = {"bf16-paged", paged_rows, paged_row_finite, NULL, paged_rows_raw};
 
 /* [addressing][sdpa_dtype]; NULL = not supported (rejected by validation before a plan). */
 static const sdpa__loader *const g_loaders[SDPA__ADDR_COUNT][3] = {

@@ -7,6 +7,8 @@
  * float32 rows with unit inner stride are handed out in place (a pointer into the caller's
  * buffer and its row stride: no copy, so f32 costs what it did in 0.3); any other layout is
  * copied (widened) into the caller's tile.
+ * rows_raw (0.5) hands out rows of any dtype in place, as stored, for micro-kernels that read
+ * the storage dtype themselves (the decode kernel's sdpa__mk_kv); it reads nothing.
  *
  * Adding a storage dtype (f16, bf16) is one addition here:
  *   1. write its loader in load.c (or load_<isa>.c for SIMD conversions): a `rows` function
@@ -49,6 +51,16 @@ typedef struct sdpa__rows16 {
     ptrdiff_t stride;
 } sdpa__rows16;
 
+/* Rows as stored, in place (the decode kernel's stored-K/V micro-kernels, microkernel.h
+ * sdpa__mk_kv): the first n rows from r0, row t at element t * stride of data (elements of the
+ * view's dtype), each contiguous along the last axis. n = 0: not in place (use rows()). */
+typedef struct sdpa__raw_rows {
+    const void *data;
+    ptrdiff_t stride;
+    int64_t n;
+    bool runs_on; /* the following rows continue at the same stride (strided: a hardware-friendly stream) */
+} sdpa__raw_rows;
+
 typedef struct sdpa__loader {
     const char *name; /* "f32-strided" */
     /* Rows [r0, r1) (axis 2) of (b, h) (axes 0, 1) of v, each of v->shape[3] elements, as
@@ -60,6 +72,12 @@ typedef struct sdpa__loader {
      * place when contiguous along the last axis (and rows do not overlap), else copied into
      * tile ((r1 - r0) * v->shape[3] uint16_t; the f32 tile has room for that). */
     sdpa__rows16 (*rows_bf16)(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1, uint16_t *tile);
+    /* Rows [r0, r0 + n) of (b, h) in place, for the largest n <= r1 - r0 this addressing can
+     * give at once: strided, all of them; paged, up to the end of r0's block and of the
+     * sequence's keys (key_lengths[b]), so a caller walks a range block by block. n = 0 when the
+     * last axis is not contiguous (the caller copies through rows()) or r0 is past the keys.
+     * Reads nothing. */
+    sdpa__raw_rows (*rows_raw)(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1);
 } sdpa__loader;
 
 /* The loader for a validated view (its dtype) under an addressing. */

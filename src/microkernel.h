@@ -77,6 +77,37 @@ typedef struct sdpa__mk {
                             const int32_t *idx, int64_t cnt, const float *v, ptrdiff_t vs);
 } sdpa__mk;
 
+/* The decode path's "rows" kernels on K/V rows as stored (0.5): base pointer k (v) of
+ * sdpa_dtype F32, F16 or BF16 elements, rows contiguous along E (Ev), row t at element t * ks
+ * (t * vs); the 16-bit encodings are widened exactly where they are loaded (no f32 copy of a
+ * tile). Each member computes what the sdpa__mk member of the same name and ISA computes on the
+ * exactly widened rows, with the same summation order, so the results equal, bit for bit, those
+ * of the loader's f32 tile through sdpa__mk (and the f32 column is that member). Looked up by
+ * [isa][sdpa_dtype] (dispatch.c: sdpa__dispatch_mk_kv). The multi-row members may be NULL
+ * (the caller loops over the rows). pf (NULL: none): where the rows a stream's distance ahead
+ * are, at the same strides: when a kernel reads row t (element offset t * ks), it prefetches
+ * element offset t * ks of pf (a hint; nothing there is read). The sdpa__mk members pass k (v)
+ * plus the ISA's distance (the rows continue in memory); a paged caller passes the block that
+ * holds the keys that far ahead. Only the ISA sets that prefetch (AVX-512) use it. */
+typedef struct sdpa__mk_kv {
+    void (*dot_rows)(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s, const void *pf);
+    void (*axpy_rows)(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
+                      const void *v, ptrdiff_t vs, const void *pf);
+    void (*dot_rows_multi)(int64_t nr, const float *const *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n,
+                           float *const *s, const void *pf);
+    void (*axpy_rows_multi)(int64_t nr, float *const *o, int64_t nev, const float *alpha, const float *const *p,
+                            const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs, const void *pf);
+} sdpa__mk_kv;
+
+/* [sdpa_dtype] columns of each ISA's rows kernels on stored K/V. */
+extern const sdpa__mk_kv sdpa__mk_kv_portable[3];
+#if defined(SDPA_HAVE_AVX2)
+extern const sdpa__mk_kv sdpa__mk_kv_avx2[3]; /* -mavx2 -mfma -mf16c */
+#endif
+#if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
+extern const sdpa__mk_kv sdpa__mk_kv_avx512[3]; /* -mavx512f -mavx512bw -mavx512vl */
+#endif
+
 extern const sdpa__mk sdpa__mk_portable;
 #if defined(SDPA_HAVE_AVX2)
 extern const sdpa__mk sdpa__mk_avx2; /* src/microkernel_avx2.c, built with -mavx2 -mfma */

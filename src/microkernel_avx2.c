@@ -11,6 +11,7 @@
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #define AI static inline __attribute__((always_inline))
 
@@ -208,11 +209,40 @@ AI float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-void sdpa__avx2_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
+/* The rows kernels read K/V rows as stored (float32, or f16 / bf16 encodings widened exactly in
+ * the register: vcvtph2ps, or zero-extend and shift left by 16); DT is the row's sdpa_dtype (a
+ * constant in each instantiation), strides in elements. */
+AI ptrdiff_t esize(const int DT) { return DT == SDPA_DTYPE_F32 ? 4 : 2; }
+AI const void *at(const int DT, const void *base, ptrdiff_t off) { return (const char *)base + off * esize(DT); }
+AI __m256 ld8(const int DT, const void *p) {
+    if (DT == SDPA_DTYPE_F32)
+        return _mm256_loadu_ps((const float *)p);
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (DT == SDPA_DTYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+/* The first n (< 8) elements at p widened (the others 0); nothing beyond them is read. */
+AI __m256 ld8n(const int DT, const void *p, int64_t n, __m256i mk) {
+    if (DT == SDPA_DTYPE_F32)
+        return _mm256_maskload_ps((const float *)p, mk);
+    uint16_t h[8] = {0};
+    memcpy(h, p, (size_t)n * sizeof(uint16_t));
+    return ld8(DT, h);
+}
+AI float ld1(const int DT, const void *p) {
+    if (DT == SDPA_DTYPE_F32)
+        return *(const float *)p;
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return DT == SDPA_DTYPE_F16 ? _cvtsh_ss(h) : sdpa__bf16_to_f32(h);
+}
+
+AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s) {
     const int64_t ev = ne & ~(int64_t)7;
     int64_t t = 0;
     for (; t + 8 <= n; t += 8) {
-        const float *kr = k + t * ks;
+        const void *kr = at(DT, k, t * ks);
         __m256 a[8];
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u)
@@ -221,7 +251,7 @@ void sdpa__avx2_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t k
             const __m256 qv = _mm256_loadu_ps(q + e);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
-                a[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr + u * ks + e), a[u]);
+                a[u] = _mm256_fmadd_ps(qv, ld8(DT, at(DT, kr, u * ks + e)), a[u]);
         }
         const __m256 h0 = _mm256_hadd_ps(a[0], a[1]), h1 = _mm256_hadd_ps(a[2], a[3]);
         const __m256 h2 = _mm256_hadd_ps(a[4], a[5]), h3 = _mm256_hadd_ps(a[6], a[7]);
@@ -232,7 +262,7 @@ void sdpa__avx2_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t k
             for (int u = 0; u < 8; ++u) {
                 float x = 0.0f;
                 for (int64_t e = ev; e < ne; ++e)
-                    x += q[e] * kr[u * ks + e];
+                    x += q[e] * ld1(DT, at(DT, kr, u * ks + e));
                 tail[u] = x;
             }
             sv = _mm256_add_ps(sv, _mm256_loadu_ps(tail));
@@ -240,15 +270,19 @@ void sdpa__avx2_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t k
         _mm256_storeu_ps(s + t, sv);
     }
     for (; t < n; ++t) {
-        const float *kr = k + t * ks;
+        const void *kr = at(DT, k, t * ks);
         __m256 a = _mm256_setzero_ps();
         for (int64_t e = 0; e < ev; e += 8)
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(kr + e), a);
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), ld8(DT, at(DT, kr, e)), a);
         float x = hsum8(a), tail = 0.0f;
         for (int64_t e = ev; e < ne; ++e)
-            tail += q[e] * kr[e];
+            tail += q[e] * ld1(DT, at(DT, kr, e));
         s[t] = x + tail;
     }
+}
+
+void sdpa__avx2_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
+    dot_rows_t(SDPA_DTYPE_F32, q, ne, k, ks, n, s);
 }
 
 float sdpa__avx2_row_max(const float *s, int64_t n, int32_t *bad) {
@@ -291,8 +325,8 @@ float sdpa__avx2_exp_sum(float *s, int64_t n, float u) {
     return hsum8(sum);
 }
 
-void sdpa__avx2_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
-                        const float *v, ptrdiff_t vs) {
+AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,
+                    int64_t cnt, const void *v, ptrdiff_t vs) {
     const __m256 al = _mm256_set1_ps(alpha);
     int64_t d = 0;
     for (; d + 32 <= nev; d += 32) {
@@ -300,11 +334,11 @@ void sdpa__avx2_axpy_rows(float *o, int64_t nev, float alpha, const float *p, co
         __m256 a2 = _mm256_mul_ps(al, _mm256_loadu_ps(o + d + 16)), a3 = _mm256_mul_ps(al, _mm256_loadu_ps(o + d + 24));
         for (int64_t t = 0; t < cnt; ++t) {
             const __m256 w = _mm256_broadcast_ss(p + idx[t]);
-            const float *vr = v + (ptrdiff_t)idx[t] * vs + d;
-            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr), a0);
-            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8), a1);
-            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 16), a2);
-            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 24), a3);
+            const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
+            a0 = _mm256_fmadd_ps(w, ld8(DT, vr), a0);
+            a1 = _mm256_fmadd_ps(w, ld8(DT, at(DT, vr, 8)), a1);
+            a2 = _mm256_fmadd_ps(w, ld8(DT, at(DT, vr, 16)), a2);
+            a3 = _mm256_fmadd_ps(w, ld8(DT, at(DT, vr, 24)), a3);
         }
         _mm256_storeu_ps(o + d, a0);
         _mm256_storeu_ps(o + d + 8, a1);
@@ -312,14 +346,41 @@ void sdpa__avx2_axpy_rows(float *o, int64_t nev, float alpha, const float *p, co
         _mm256_storeu_ps(o + d + 24, a3);
     }
     for (; d < nev; d += 8) {
-        const __m256i mk = head_mask(nev - d < 8 ? nev - d : 8);
+        const int64_t w8 = nev - d < 8 ? nev - d : 8;
+        const __m256i mk = head_mask(w8);
         __m256 a0 = _mm256_mul_ps(al, _mm256_maskload_ps(o + d, mk));
         for (int64_t t = 0; t < cnt; ++t)
             a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + idx[t]),
-                                 _mm256_maskload_ps(v + (ptrdiff_t)idx[t] * vs + d, mk), a0);
+                                 ld8n(DT, at(DT, v, (ptrdiff_t)idx[t] * vs + d), w8, mk), a0);
         _mm256_maskstore_ps(o + d, mk, a0);
     }
 }
+
+void sdpa__avx2_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
+                          const float *v, ptrdiff_t vs) {
+    axpy_rows_t(SDPA_DTYPE_F32, o, nev, alpha, p, idx, cnt, v, vs);
+}
+
+#define X_ROWS(SUF, DT)                                                                                          \
+    static void x_dot_rows_##SUF(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s,  \
+                                 const void *pf) {                                                               \
+        (void)pf; /* no software prefetch in this set */                                                        \
+        dot_rows_t(DT, q, ne, k, ks, n, s);                                                                      \
+    }                                                                                                            \
+    static void x_axpy_rows_##SUF(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,       \
+                                  int64_t cnt, const void *v, ptrdiff_t vs, const void *pf) {                   \
+        (void)pf;                                                                                                \
+        axpy_rows_t(DT, o, nev, alpha, p, idx, cnt, v, vs);                                                      \
+    }
+X_ROWS(f32, SDPA_DTYPE_F32)
+X_ROWS(f16, SDPA_DTYPE_F16)
+X_ROWS(bf16, SDPA_DTYPE_BF16)
+
+const sdpa__mk_kv sdpa__mk_kv_avx2[3] = {
+    [SDPA_DTYPE_F32] = {x_dot_rows_f32, x_axpy_rows_f32, NULL, NULL},
+    [SDPA_DTYPE_F16] = {x_dot_rows_f16, x_axpy_rows_f16, NULL, NULL},
+    [SDPA_DTYPE_BF16] = {x_dot_rows_bf16, x_axpy_rows_bf16, NULL, NULL},
+};
 
 bool sdpa__avx2_all_finite(const float *x, int64_t n) {
     const __m256i ex = _mm256_set1_epi32(0x7f800000);

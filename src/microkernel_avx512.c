@@ -175,6 +175,11 @@ static void z_lanes_softmax(float *t, int64_t n, int64_t nl, int64_t ld, float *
 
 /* ----------------------------------------------------------------- rows */
 
+/* The rows kernels read K/V rows as stored: float32, or f16 / bf16 encodings widened exactly
+ * in the register they are loaded into (vcvtph2ps; bf16: zero-extend and shift left by 16), so
+ * the arithmetic on a row is the same for every dtype and a 16-bit row costs half the bytes.
+ * DT is the row's sdpa_dtype (a constant in every instantiation); strides are in elements. */
+
 /* How far ahead of the K/V stream the rows kernels prefetch: 16 rows of E = 128 floats (8 KiB),
  * enough to cover memory latency at one core's bandwidth. Prefetches past the end of the
  * current tile fetch the next one (the cache is contiguous per (b, kv head) in the common
@@ -184,15 +189,36 @@ static void z_lanes_softmax(float *t, int64_t n, int64_t nl, int64_t ld, float *
 
 AI __mmask16 head16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
 
-AI void prefetch_row_at(const float *r, int64_t ne, int64_t ahead) {
-    const char *c = (const char *)r + ahead;
-    for (int64_t b = 0; b < ne * (int64_t)sizeof(float); b += 64)
-        _mm_prefetch(c + b, _MM_HINT_T0);
+AI int64_t esize(const int DT) { return DT == SDPA_DTYPE_F32 ? 4 : 2; }
+
+/* Element off of a row base (off in elements). */
+AI const void *at(const int DT, const void *base, ptrdiff_t off) {
+    return (const char *)base + off * (ptrdiff_t)esize(DT);
 }
 
-AI void prefetch_row(const float *r, int64_t ne) {
-    const char *c = (const char *)r + PF_BYTES;
-    for (int64_t b = 0; b < ne * (int64_t)sizeof(float); b += 64)
+/* 16 elements at p, widened to float32. */
+AI __m512 ld16(const int DT, const void *p) {
+    if (DT == SDPA_DTYPE_F32)
+        return _mm512_loadu_ps((const float *)p);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (DT == SDPA_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The lanes of m of the 16 elements at p (others 0), widened; nothing outside m is read. */
+AI __m512 ld16z(const int DT, __mmask16 m, const void *p) {
+    if (DT == SDPA_DTYPE_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)p);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if (DT == SDPA_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AI void prefetch_at(const void *r, int64_t bytes, int64_t ahead) {
+    const char *c = (const char *)r + ahead;
+    for (int64_t b = 0; b < bytes; b += 64)
         _mm_prefetch(c + b, _MM_HINT_T0);
 }
 
@@ -208,40 +234,43 @@ AI __m256 hsum8x16(const __m512 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
 }
 
-static void z_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
-    const int64_t ev = ne & ~(int64_t)15;
+AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s,
+                  const void *pf) {
+    const int64_t ev = ne & ~(int64_t)15, rb = ne * esize(DT);
     const __mmask16 tm = head16(ne - ev);
     int64_t t = 0;
     for (; t + 8 <= n; t += 8) {
-        const float *kr = k + t * ks;
+        const void *kr = at(DT, k, t * ks);
         __m512 a[8];
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u) {
             a[u] = _mm512_setzero_ps();
-            prefetch_row(kr + u * ks, ne);
+            if (pf)
+                prefetch_at(at(DT, pf, (t + u) * ks), rb, 0);
         }
         for (int64_t e = 0; e < ev; e += 16) {
             const __m512 qv = _mm512_loadu_ps(q + e);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
-                a[u] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kr + u * ks + e), a[u]);
+                a[u] = _mm512_fmadd_ps(qv, ld16(DT, at(DT, kr, u * ks + e)), a[u]);
         }
         if (tm) {
             const __m512 qv = _mm512_maskz_loadu_ps(tm, q + ev);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
-                a[u] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tm, kr + u * ks + ev), a[u]);
+                a[u] = _mm512_fmadd_ps(qv, ld16z(DT, tm, at(DT, kr, u * ks + ev)), a[u]);
         }
         _mm256_storeu_ps(s + t, hsum8x16(a));
     }
     for (; t < n; ++t) {
-        const float *kr = k + t * ks;
-        prefetch_row(kr, ne);
+        const void *kr = at(DT, k, t * ks);
+        if (pf)
+            prefetch_at(at(DT, pf, t * ks), rb, 0);
         __m512 a = _mm512_setzero_ps();
         for (int64_t e = 0; e < ev; e += 16)
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), _mm512_loadu_ps(kr + e), a);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), ld16(DT, at(DT, kr, e)), a);
         if (tm)
-            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q + ev), _mm512_maskz_loadu_ps(tm, kr + ev), a);
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q + ev), ld16z(DT, tm, at(DT, kr, ev)), a);
         s[t] = _mm512_reduce_add_ps(a);
     }
 }
@@ -272,10 +301,10 @@ static float z_exp_sum(float *s, int64_t n, float u) {
     return _mm512_reduce_add_ps(sum);
 }
 
-/* Up to 8 vectors (128 floats) of o per pass over the used rows: each V row is read once per
+/* Up to 8 vectors (128 elements) of o per pass over the used rows: each V row is read once per
  * pass, so once in all for Ev <= 128. Per element the sum runs in t order, as in every set. */
-static void z_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
-                        const float *v, ptrdiff_t vs) {
+AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,
+                    int64_t cnt, const void *v, ptrdiff_t vs, const void *pf) {
     const __m512 al = _mm512_set1_ps(alpha);
     int64_t d = 0;
     for (; d + 128 <= nev; d += 128) {
@@ -285,11 +314,12 @@ static void z_axpy_rows(float *o, int64_t nev, float alpha, const float *p, cons
             a[u] = _mm512_mul_ps(al, _mm512_loadu_ps(o + d + 16 * u));
         for (int64_t t = 0; t < cnt; ++t) {
             const __m512 w = _mm512_set1_ps(p[idx[t]]);
-            const float *vr = v + (ptrdiff_t)idx[t] * vs + d;
-            prefetch_row(vr, 128);
+            const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
+            if (pf)
+                prefetch_at(at(DT, pf, (ptrdiff_t)idx[t] * vs + d), 128 * esize(DT), 0);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
-                a[u] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr + 16 * u), a[u]);
+                a[u] = _mm512_fmadd_ps(w, ld16(DT, at(DT, vr, 16 * u)), a[u]);
         }
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u)
@@ -306,12 +336,13 @@ static void z_axpy_rows(float *o, int64_t nev, float alpha, const float *p, cons
         }
         for (int64_t t = 0; t < cnt; ++t) {
             const __m512 w = _mm512_set1_ps(p[idx[t]]);
-            const float *vr = v + (ptrdiff_t)idx[t] * vs + d;
-            prefetch_row(vr, rest);
+            const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
+            if (pf)
+                prefetch_at(at(DT, pf, (ptrdiff_t)idx[t] * vs + d), rest * esize(DT), 0);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
                 if (mk[u])
-                    a[u] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mk[u], vr + 16 * u), a[u]);
+                    a[u] = _mm512_fmadd_ps(w, ld16z(DT, mk[u], at(DT, vr, 16 * u)), a[u]);
         }
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u)
@@ -331,16 +362,16 @@ AI __m128 hsum4x16(const __m512 *a) {
 }
 
 /* dot_rows for NR (<= 4) rows at once: per e step each K vector is loaded once for all rows.
- * Keys in whole blocks of 8 (as z_dot_rows sees them) are summed by hsum4x16 four at a time,
- * the others by _mm512_reduce_add_ps, as in z_dot_rows. */
-AI void dotm_block(const int NR, const float *const *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n,
-                   float *const *s, int64_t soff, bool pf) {
-    const int64_t ev = ne & ~(int64_t)15;
+ * Keys in whole blocks of 8 (as dot_rows_t sees them) are summed by hsum4x16 four at a time,
+ * the others by _mm512_reduce_add_ps, as in dot_rows_t. */
+AI void dotm_block(const int DT, const int NR, const float *const *q, int64_t ne, const void *k, ptrdiff_t ks,
+                   int64_t n, float *const *s, const void *pf) {
+    const int64_t ev = ne & ~(int64_t)15, rb = ne * esize(DT);
     const __mmask16 tm = head16(ne - ev);
     int64_t t = 0;
     for (; t + 8 <= n; t += 8)
         for (int64_t hf = 0; hf < 8; hf += 4) {
-            const float *kr = k + (t + hf) * ks;
+            const void *kr = at(DT, k, (t + hf) * ks);
             __m512 a[4][4];
 #pragma GCC unroll 4
             for (int r = 0; r < NR; ++r)
@@ -350,12 +381,12 @@ AI void dotm_block(const int NR, const float *const *q, int64_t ne, const float 
             if (pf)
 #pragma GCC unroll 4
                 for (int u = 0; u < 4; ++u)
-                    prefetch_row_at(kr + u * ks, ne, PF_MULTI);
+                    prefetch_at(at(DT, pf, (t + hf + u) * ks), rb, 0);
             for (int64_t e = 0; e < ev; e += 16) {
                 __m512 kv[4];
 #pragma GCC unroll 4
                 for (int u = 0; u < 4; ++u)
-                    kv[u] = _mm512_loadu_ps(kr + u * ks + e);
+                    kv[u] = ld16(DT, at(DT, kr, u * ks + e));
 #pragma GCC unroll 4
                 for (int r = 0; r < NR; ++r) {
                     const __m512 qv = _mm512_loadu_ps(q[r] + e);
@@ -368,7 +399,7 @@ AI void dotm_block(const int NR, const float *const *q, int64_t ne, const float 
                 __m512 kv[4];
 #pragma GCC unroll 4
                 for (int u = 0; u < 4; ++u)
-                    kv[u] = _mm512_maskz_loadu_ps(tm, kr + u * ks + ev);
+                    kv[u] = ld16z(DT, tm, at(DT, kr, u * ks + ev));
 #pragma GCC unroll 4
                 for (int r = 0; r < NR; ++r) {
                     const __m512 qv = _mm512_maskz_loadu_ps(tm, q[r] + ev);
@@ -379,52 +410,52 @@ AI void dotm_block(const int NR, const float *const *q, int64_t ne, const float 
             }
 #pragma GCC unroll 4
             for (int r = 0; r < NR; ++r)
-                _mm_storeu_ps(s[r] + soff + t + hf, hsum4x16(a[r]));
+                _mm_storeu_ps(s[r] + t + hf, hsum4x16(a[r]));
         }
     for (; t < n; ++t) {
-        const float *kr = k + t * ks;
+        const void *kr = at(DT, k, t * ks);
         if (pf)
-            prefetch_row_at(kr, ne, PF_MULTI);
+            prefetch_at(at(DT, pf, t * ks), rb, 0);
         __m512 a[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; ++r)
             a[r] = _mm512_setzero_ps();
         for (int64_t e = 0; e < ev; e += 16) {
-            const __m512 kv = _mm512_loadu_ps(kr + e);
+            const __m512 kv = ld16(DT, at(DT, kr, e));
 #pragma GCC unroll 4
             for (int r = 0; r < NR; ++r)
                 a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + e), kv, a[r]);
         }
         if (tm) {
-            const __m512 kv = _mm512_maskz_loadu_ps(tm, kr + ev);
+            const __m512 kv = ld16z(DT, tm, at(DT, kr, ev));
 #pragma GCC unroll 4
             for (int r = 0; r < NR; ++r)
                 a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q[r] + ev), kv, a[r]);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < NR; ++r)
-            s[r][soff + t] = _mm512_reduce_add_ps(a[r]);
+            s[r][t] = _mm512_reduce_add_ps(a[r]);
     }
 }
 
-static void z_dot_rows_multi(int64_t nr, const float *const *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n,
-                             float *const *s) {
+AI void dot_rows_multi_t(const int DT, int64_t nr, const float *const *q, int64_t ne, const void *k, ptrdiff_t ks,
+                         int64_t n, float *const *s, const void *pf) {
     int64_t r = 0;
     for (; r + 4 <= nr; r += 4)
-        dotm_block(4, q + r, ne, k, ks, n, s + r, 0, r == 0);
+        dotm_block(DT, 4, q + r, ne, k, ks, n, s + r, r == 0 ? pf : NULL);
     switch (nr - r) {
-    case 3: dotm_block(3, q + r, ne, k, ks, n, s + r, 0, r == 0); break;
-    case 2: dotm_block(2, q + r, ne, k, ks, n, s + r, 0, r == 0); break;
-    case 1: dotm_block(1, q + r, ne, k, ks, n, s + r, 0, r == 0); break;
+    case 3: dotm_block(DT, 3, q + r, ne, k, ks, n, s + r, r == 0 ? pf : NULL); break;
+    case 2: dotm_block(DT, 2, q + r, ne, k, ks, n, s + r, r == 0 ? pf : NULL); break;
+    case 1: dotm_block(DT, 1, q + r, ne, k, ks, n, s + r, r == 0 ? pf : NULL); break;
     default: break;
     }
 }
 
 /* axpy_rows for NR (<= 4) rows at once, 64 elements of o per pass over the used rows: each V
  * vector is loaded once for all rows. Per element: alpha * o, then the FMAs in t order, as in
- * z_axpy_rows. */
-AI void axpym_block(const int NR, float *const *o, int64_t nev, const float *alpha, const float *const *p,
-                    const int32_t *idx, int64_t cnt, const float *v, ptrdiff_t vs, bool pf) {
+ * axpy_rows_t. */
+AI void axpym_block(const int DT, const int NR, float *const *o, int64_t nev, const float *alpha,
+                    const float *const *p, const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs, const void *pf) {
     for (int64_t d = 0; d < nev; d += 64) {
         const int64_t rest = nev - d;
         __mmask16 mk[4];
@@ -439,15 +470,15 @@ AI void axpym_block(const int NR, float *const *o, int64_t nev, const float *alp
             for (int u = 0; u < 4; ++u)
                 a[r][u] = _mm512_mul_ps(al, _mm512_maskz_loadu_ps(mk[u], o[r] + d + 16 * u));
         }
-        const bool pfd = pf && d == 0;
+        const bool pfd = pf != NULL && d == 0;
         for (int64_t t = 0; t < cnt; ++t) {
-            const float *vr = v + (ptrdiff_t)idx[t] * vs + d;
+            const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
             if (pfd)
-                prefetch_row_at(vr, nev, PF_MULTI);
+                prefetch_at(at(DT, pf, (ptrdiff_t)idx[t] * vs), nev * esize(DT), 0);
             __m512 vv[4];
 #pragma GCC unroll 4
             for (int u = 0; u < 4; ++u)
-                vv[u] = _mm512_maskz_loadu_ps(mk[u], vr + 16 * u);
+                vv[u] = ld16z(DT, mk[u], at(DT, vr, 16 * u));
 #pragma GCC unroll 4
             for (int r = 0; r < NR; ++r) {
                 const __m512 w = _mm512_set1_ps(p[r][idx[t]]);
@@ -464,17 +495,58 @@ AI void axpym_block(const int NR, float *const *o, int64_t nev, const float *alp
     }
 }
 
-static void z_axpy_rows_multi(int64_t nr, float *const *o, int64_t nev, const float *alpha, const float *const *p,
-                              const int32_t *idx, int64_t cnt, const float *v, ptrdiff_t vs) {
+AI void axpy_rows_multi_t(const int DT, int64_t nr, float *const *o, int64_t nev, const float *alpha,
+                          const float *const *p, const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs,
+                          const void *pf) {
     int64_t r = 0;
     for (; r + 4 <= nr; r += 4)
-        axpym_block(4, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0);
+        axpym_block(DT, 4, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0 ? pf : NULL);
     switch (nr - r) {
-    case 3: axpym_block(3, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0); break;
-    case 2: axpym_block(2, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0); break;
-    case 1: axpym_block(1, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0); break;
+    case 3: axpym_block(DT, 3, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0 ? pf : NULL); break;
+    case 2: axpym_block(DT, 2, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0 ? pf : NULL); break;
+    case 1: axpym_block(DT, 1, o + r, nev, alpha + r, p + r, idx, cnt, v, vs, r == 0 ? pf : NULL); break;
     default: break;
     }
+}
+
+/* One instantiation per storage dtype: X(name suffix, sdpa_dtype). */
+#define Z_ROWS(SUF, DT)                                                                                          \
+    static void z_dot_rows_##SUF(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s,  \
+                                 const void *pf) {                                                               \
+        dot_rows_t(DT, q, ne, k, ks, n, s, pf);                                                                  \
+    }                                                                                                            \
+    static void z_axpy_rows_##SUF(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,       \
+                                  int64_t cnt, const void *v, ptrdiff_t vs, const void *pf) {                   \
+        axpy_rows_t(DT, o, nev, alpha, p, idx, cnt, v, vs, pf);                                                  \
+    }                                                                                                            \
+    static void z_dot_rows_multi_##SUF(int64_t nr, const float *const *q, int64_t ne, const void *k,            \
+                                       ptrdiff_t ks, int64_t n, float *const *s, const void *pf) {               \
+        dot_rows_multi_t(DT, nr, q, ne, k, ks, n, s, pf);                                                        \
+    }                                                                                                            \
+    static void z_axpy_rows_multi_##SUF(int64_t nr, float *const *o, int64_t nev, const float *alpha,           \
+                                        const float *const *p, const int32_t *idx, int64_t cnt, const void *v,   \
+                                        ptrdiff_t vs, const void *pf) {                                          \
+        axpy_rows_multi_t(DT, nr, o, nev, alpha, p, idx, cnt, v, vs, pf);                                        \
+    }
+Z_ROWS(f32, SDPA_DTYPE_F32)
+Z_ROWS(f16, SDPA_DTYPE_F16)
+Z_ROWS(bf16, SDPA_DTYPE_BF16)
+
+/* The float32 members of the table (the same instantiation as the f32 column of sdpa__mk_kv_avx512). */
+static void z_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
+    dot_rows_t(SDPA_DTYPE_F32, q, ne, k, ks, n, s, (const char *)k + PF_BYTES);
+}
+static void z_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
+                        const float *v, ptrdiff_t vs) {
+    axpy_rows_t(SDPA_DTYPE_F32, o, nev, alpha, p, idx, cnt, v, vs, (const char *)v + PF_BYTES);
+}
+static void z_dot_rows_multi(int64_t nr, const float *const *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n,
+                             float *const *s) {
+    dot_rows_multi_t(SDPA_DTYPE_F32, nr, q, ne, k, ks, n, s, (const char *)k + PF_MULTI);
+}
+static void z_axpy_rows_multi(int64_t nr, float *const *o, int64_t nev, const float *alpha, const float *const *p,
+                              const int32_t *idx, int64_t cnt, const float *v, ptrdiff_t vs) {
+    axpy_rows_multi_t(SDPA_DTYPE_F32, nr, o, nev, alpha, p, idx, cnt, v, vs, (const char *)v + PF_MULTI);
 }
 
 static bool z_all_finite(const float *x, int64_t n) {
@@ -567,4 +639,10 @@ const sdpa__mk sdpa__mk_avx512 = {
     z_dot_rows, z_row_max, z_exp_sum, z_axpy_rows, z_all_finite,
     z_pack_lanes, z_unpack_lanes,
     z_dot_rows_multi, z_axpy_rows_multi,
+};
+
+const sdpa__mk_kv sdpa__mk_kv_avx512[3] = {
+    [SDPA_DTYPE_F32] = {z_dot_rows_f32, z_axpy_rows_f32, z_dot_rows_multi_f32, z_axpy_rows_multi_f32},
+    [SDPA_DTYPE_F16] = {z_dot_rows_f16, z_axpy_rows_f16, z_dot_rows_multi_f16, z_axpy_rows_multi_f16},
+    [SDPA_DTYPE_BF16] = {z_dot_rows_bf16, z_axpy_rows_bf16, z_dot_rows_multi_bf16, z_axpy_rows_multi_bf16},
 };

@@ -76,14 +76,26 @@ static void p_lanes_softmax(float *t, int64_t n, int64_t nl, int64_t ld, float *
     }
 }
 
-static void p_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
+/* Element e of a row as stored, widened exactly (DT: the row's sdpa_dtype). */
+static inline float p_ld(int DT, const void *base, ptrdiff_t off) {
+    if (DT == SDPA_DTYPE_F32)
+        return ((const float *)base)[off];
+    const uint16_t h = ((const uint16_t *)base)[off];
+    return DT == SDPA_DTYPE_F16 ? sdpa__f16_to_f32(h) : sdpa__bf16_to_f32(h);
+}
+
+static inline void p_dot_rows_t(int DT, const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n,
+                                float *s) {
     for (int64_t t = 0; t < n; ++t) {
-        const float *kr = k + t * ks;
         float acc = 0.0f;
         for (int64_t e = 0; e < ne; ++e)
-            acc += q[e] * kr[e];
+            acc += q[e] * p_ld(DT, k, t * ks + e);
         s[t] = acc;
     }
+}
+
+static void p_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
+    p_dot_rows_t(SDPA_DTYPE_F32, q, ne, k, ks, n, s);
 }
 
 static float p_row_max(const float *s, int64_t n, int32_t *bad) {
@@ -107,17 +119,43 @@ static float p_exp_sum(float *s, int64_t n, float u) {
     return sum;
 }
 
-static void p_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
-                        const float *v, ptrdiff_t vs) {
+static inline void p_axpy_rows_t(int DT, float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,
+                                 int64_t cnt, const void *v, ptrdiff_t vs) {
     for (int64_t d = 0; d < nev; ++d)
         o[d] *= alpha;
     for (int64_t t = 0; t < cnt; ++t) {
         const float w = p[idx[t]];
-        const float *vr = v + (ptrdiff_t)idx[t] * vs;
+        const ptrdiff_t r = (ptrdiff_t)idx[t] * vs;
         for (int64_t d = 0; d < nev; ++d)
-            o[d] += w * vr[d];
+            o[d] += w * p_ld(DT, v, r + d);
     }
 }
+
+static void p_axpy_rows(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx, int64_t cnt,
+                        const float *v, ptrdiff_t vs) {
+    p_axpy_rows_t(SDPA_DTYPE_F32, o, nev, alpha, p, idx, cnt, v, vs);
+}
+
+#define P_ROWS(SUF, DT)                                                                                          \
+    static void p_dot_rows_##SUF(const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s,  \
+                                 const void *pf) {                                                               \
+        (void)pf;                                                                                                \
+        p_dot_rows_t(DT, q, ne, k, ks, n, s);                                                                    \
+    }                                                                                                            \
+    static void p_axpy_rows_##SUF(float *o, int64_t nev, float alpha, const float *p, const int32_t *idx,       \
+                                  int64_t cnt, const void *v, ptrdiff_t vs, const void *pf) {                   \
+        (void)pf;                                                                                                \
+        p_axpy_rows_t(DT, o, nev, alpha, p, idx, cnt, v, vs);                                                    \
+    }
+P_ROWS(f32, SDPA_DTYPE_F32)
+P_ROWS(f16, SDPA_DTYPE_F16)
+P_ROWS(bf16, SDPA_DTYPE_BF16)
+
+const sdpa__mk_kv sdpa__mk_kv_portable[3] = {
+    [SDPA_DTYPE_F32] = {p_dot_rows_f32, p_axpy_rows_f32, NULL, NULL},
+    [SDPA_DTYPE_F16] = {p_dot_rows_f16, p_axpy_rows_f16, NULL, NULL},
+    [SDPA_DTYPE_BF16] = {p_dot_rows_bf16, p_axpy_rows_bf16, NULL, NULL},
+};
 
 static bool p_all_finite(const float *x, int64_t n) {
     uint32_t bad = 0;
