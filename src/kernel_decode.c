@@ -134,10 +134,9 @@ static layout make_layout(const sdpa__plan *p, const dplan *d) {
     return l;
 }
 
-static size_t decode_workspace_bytes(const sdpa__plan *p, int threads) {
+static size_t decode_thread_bytes(const sdpa__plan *p) {
     const dplan d = decode_plan(p);
-    const layout l = make_layout(p, &d);
-    return sdpa__add_sat(sdpa__mul_sat(l.total, (size_t)(threads < 1 ? 1 : threads)), l.shared);
+    return make_layout(p, &d).total;
 }
 
 typedef struct dctx {
@@ -148,8 +147,15 @@ typedef struct dctx {
     dplan d;
     layout lay;
     unsigned char *ws, *shared;
+    size_t tstride; /* thread t's scratch: ws + t * tstride */
     float qscale;
 } dctx;
+
+/* The call's context, then the layout's shared part (partial results, the merge's scratch). */
+static size_t decode_shared_bytes(const sdpa__plan *p) {
+    const dplan d = decode_plan(p);
+    return sdpa__add_sat(sdpa__align64(sizeof(dctx)), make_layout(p, &d).shared);
+}
 
 
 static int64_t slot_of(const sdpa__plan *p, const dplan *d, int64_t b, int64_t h, int64_t i, int64_t ck) {
@@ -162,7 +168,7 @@ static void decode_task(void *vctx, int64_t task, int tid) {
     const sdpa__mk *mk = c->mk;
     const dplan *d = &c->d;
     const layout *lay = &c->lay;
-    unsigned char *ws = c->ws + (size_t)tid * lay->total;
+    unsigned char *ws = c->ws + (size_t)tid * c->tstride;
     float *qp = (float *)(ws + lay->qp), *s = (float *)(ws + lay->s), *kp = (float *)(ws + lay->kp);
     float *vp = (float *)(ws + lay->vp), *o = (float *)(ws + lay->o), *m = (float *)(ws + lay->m);
     float *alpha = (float *)(ws + lay->alpha);
@@ -397,29 +403,38 @@ static sdpa_status first_nonfinite_kv(const sdpa__plan *p, const sdpa__mk *mk, i
     return SDPA_OK;
 }
 
-static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes) {
-    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
-    const bool check_kv = p->check_finite;
-    dctx c;
-    c.p = p;
-    c.mk = mk;
-    c.mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
-                     p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
-                 ? sdpa__dispatch_mk_bf16()
-                 : NULL;
-    c.d = decode_plan(p);
-    c.lay = make_layout(p, &c.d);
-    if (threads < 1)
-        threads = 1;
-    if (ws_bytes < decode_workspace_bytes(p, threads))
-        return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: decode kernel workspace of %zu bytes is too small",
-                          ws_bytes);
-    c.ws = (unsigned char *)ws;
-    c.shared = c.ws + (size_t)threads * c.lay.total;
-    sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
-    c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
-    sdpa__run_tasks(&p->exec, threads, c.d.items, decode_task, &c);
+static sdpa_status decode_finish(void *vctx);
 
+/* The call's context in shared; items = (b, kv head, row group, key chunk), each leaving its
+ * rows' partial results in shared; decode_finish merges them and writes the outputs. */
+static void decode_prepare(const sdpa__plan *p, void *shared, unsigned char *tws, size_t tstride, sdpa__work *w) {
+    dctx *c = (dctx *)shared;
+    c->p = p;
+    c->mk = sdpa__dispatch_mk(SDPA__MK_F32);
+    c->mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
+                      p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
+                  ? sdpa__dispatch_mk_bf16()
+                  : NULL;
+    c->d = decode_plan(p);
+    c->lay = make_layout(p, &c->d);
+    c->ws = tws;
+    c->tstride = tstride;
+    c->shared = (unsigned char *)shared + sdpa__align64(sizeof(dctx));
+    sdpa__dropout_init(&c->drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
+    c->qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
+    w->items = c->d.items;
+    w->item = decode_task;
+    w->ctx = c;
+    w->finish = decode_finish;
+}
+
+/* After every item: the inline K/V check, then merge the chunks of each row and write. */
+static sdpa_status decode_finish(void *vctx) {
+    const dctx *cp = (const dctx *)vctx;
+    const dctx c = *cp;
+    const sdpa__plan *p = c.p;
+    const sdpa__mk *mk = c.mk;
+    const bool check_kv = p->check_finite;
     const float *pm = (const float *)(c.shared + c.lay.pm), *po = (const float *)(c.shared + c.lay.po);
     const double *pl = (const double *)(c.shared + c.lay.pl);
     const int32_t *pbad = (const int32_t *)(c.shared + c.lay.pbad);
@@ -507,6 +522,12 @@ static sdpa__fit decode_supports(const sdpa__plan *p, const char **why) {
 }
 
 const sdpa__kernel sdpa__kernel_decode = {
-    SDPA_KERNEL_DECODE, "SDPA_KERNEL_DECODE", true, decode_supports, decode_threads, decode_workspace_bytes,
-    decode_run,
+    .id = SDPA_KERNEL_DECODE,
+    .enum_name = "SDPA_KERNEL_DECODE",
+    .checks_kv_inline = true,
+    .supports = decode_supports,
+    .threads = decode_threads,
+    .thread_bytes = decode_thread_bytes,
+    .shared_bytes = decode_shared_bytes,
+    .prepare = decode_prepare,
 };
