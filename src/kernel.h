@@ -58,6 +58,10 @@ typedef struct sdpa__kernel {
     /* Items: set up the call in shared (64-byte aligned, shared_bytes(p)) and describe its work
      * (sdpa__work); thread t's scratch is tws + t * tstride. Writes no output. */
     void (*prepare)(const sdpa__plan *p, void *shared, unsigned char *tws, size_t tstride, sdpa__work *w);
+    /* Items, checks_kv_inline kernels: after the items (which then write no output), false if
+     * the inline K/V check fails; any thread may run it, so it makes no message (finish
+     * does). A packed batch runs it as a gate before other sequences' items write. */
+    bool (*verify)(void *ctx);
 } sdpa__kernel;
 
 /* The kernels, in AUTO's order of preference, NULL-terminated (kernel.c). */

@@ -386,21 +386,58 @@ static void decode_task(void *vctx, int64_t task, int tid) {
 
 /* Some row came out non-finite: the first attended K or V row holding NaN/Inf, in the order of
  * the check stage (b, kv head, key; K before V), fails the call; SDPA_OK if there is none. */
-static sdpa_status first_nonfinite_kv(const sdpa__plan *p, const sdpa__mk *mk, int32_t *cnt, uint8_t *used) {
+static bool nonfinite_kv_at(const sdpa__plan *p, const sdpa__mk *mk, int32_t *cnt, uint8_t *used, int64_t *fb,
+                            int64_t *fg, int64_t *fj, bool *fv) {
     for (int64_t b = 0; b < p->B; ++b)
         for (int64_t g = 0; g < p->Hkv; ++g) {
             sdpa__rule_group_keys(&p->rules, b, g * p->group, (g + 1) * p->group, cnt, used);
             for (int64_t j = 0; j < p->S; ++j) {
                 if (!used[j])
                     continue;
-                if (!p->load_k->row_finite(mk, &p->k, b, g, j))
-                    return sdpa__fail_kv_row(b, g, j, false);
-                if (p->Ev > 0 &&
-                    !p->load_v->row_finite(mk, &p->v, b, g, j))
-                    return sdpa__fail_kv_row(b, g, j, true);
+                const bool kbad = !p->load_k->row_finite(mk, &p->k, b, g, j);
+                if (kbad || (p->Ev > 0 && !p->load_v->row_finite(mk, &p->v, b, g, j))) {
+                    *fb = b;
+                    *fg = g;
+                    *fj = j;
+                    *fv = !kbad;
+                    return true;
+                }
             }
         }
+    return false;
+}
+
+static sdpa_status first_nonfinite_kv(const sdpa__plan *p, const sdpa__mk *mk, int32_t *cnt, uint8_t *used) {
+    int64_t b, g, j;
+    bool isv;
+    if (nonfinite_kv_at(p, mk, cnt, used, &b, &g, &j, &isv))
+        return sdpa__fail_kv_row(b, g, j, isv);
     return SDPA_OK;
+}
+
+/* After the items: did some row come out non-finite (the partial results say)? */
+static bool decode_suspect(const dctx *c) {
+    const float *po = (const float *)(c->shared + c->lay.po);
+    const double *pl = (const double *)(c->shared + c->lay.pl);
+    const int32_t *pbad = (const int32_t *)(c->shared + c->lay.pbad);
+    const int64_t slots = c->p->B * c->p->Hq * c->p->L * c->d.nchunks;
+    bool suspect = c->p->Ev > 0 && !c->mk->all_finite(po, slots * c->p->Ev);
+    for (int64_t t = 0; t < slots && !suspect; ++t)
+        suspect = pbad[t] != 0 || !isfinite(pl[t]);
+    return suspect;
+}
+
+/* The inline K/V check as a gate of a region (a packed batch: before other sequences' items
+ * write): false when an attended K/V row holds NaN/Inf. No message (any thread may run it);
+ * decode_finish, on the calling thread, makes it. */
+static bool decode_verify(void *vctx) {
+    const dctx *c = (const dctx *)vctx;
+    if (!c->p->check_finite || !decode_suspect(c))
+        return true;
+    int64_t b, g, j;
+    bool isv;
+    return !nonfinite_kv_at(c->p, c->mk, (int32_t *)(c->shared + c->lay.kvcnt), c->shared + c->lay.kvused, &b, &g, &j,
+                            &isv);
 }
 
 static sdpa_status decode_finish(void *vctx);
@@ -441,11 +478,7 @@ static sdpa_status decode_finish(void *vctx) {
     void *acc = c.shared + c.lay.acc;
     const int64_t nc = c.d.nchunks, Ev = p->Ev;
     if (check_kv) { /* a non-finite row: look at the K/V rows (see the comment at the top) */
-        const int64_t slots = p->B * p->Hq * p->L * nc;
-        bool suspect = Ev > 0 && !mk->all_finite(po, slots * Ev);
-        for (int64_t t = 0; t < slots && !suspect; ++t)
-            suspect = pbad[t] != 0 || !isfinite(pl[t]);
-        if (suspect) {
+        if (decode_suspect(&c)) {
             const sdpa_status st = first_nonfinite_kv(p, mk, (int32_t *)(c.shared + c.lay.kvcnt), c.shared + c.lay.kvused);
             if (st != SDPA_OK)
                 return st;
@@ -530,4 +563,5 @@ const sdpa__kernel sdpa__kernel_decode = {
     .thread_bytes = decode_thread_bytes,
     .shared_bytes = decode_shared_bytes,
     .prepare = decode_prepare,
+    .verify = decode_verify,
 };

@@ -139,15 +139,32 @@ static void units_task(void *vctx, int64_t task, int tid) {
 }
 
 typedef struct batch_gate {
-    const seq *sq;
+    seq *sq;
     int64_t n;
+    bool stopped; /* a gate failed (read by the calling thread after the region) */
 } batch_gate;
 
+/* Gate 1: every sequence's value checks passed. */
 static bool checks_passed(void *vctx) {
-    const batch_gate *g = (const batch_gate *)vctx;
+    batch_gate *g = (batch_gate *)vctx;
     for (int64_t r = 0; r < g->n; ++r)
-        if (sdpa__check_failed(&g->sq[r].chk))
+        if (sdpa__check_failed(&g->sq[r].chk)) {
+            g->stopped = true;
             return false;
+        }
+    return true;
+}
+
+/* Gate 2: the inline K/V checks of the sequences whose kernel makes them (decode). */
+static bool inline_checks_passed(void *vctx) {
+    batch_gate *g = (batch_gate *)vctx;
+    for (int64_t r = 0; r < g->n; ++r) {
+        seq *q = &g->sq[r];
+        if (q->x.kernel->verify != NULL && !q->x.kernel->verify(q->w.ctx)) {
+            g->stopped = true;
+            return false;
+        }
+    }
     return true;
 }
 
@@ -168,7 +185,10 @@ static sdpa_status plan_sequence(const char *fn, const sdpa__plan *p, const sdpa
     *run = *chk;
     run->check_finite = false; /* phase 1 checked everything: no empty row is left under ERROR */
     run->empty_rows = SDPA_EMPTY_ROWS_ZERO;
-    return sdpa__exec_plan_make(fn, run, x);
+    sdpa_status st = sdpa__exec_plan_make(fn, run, x);
+    if (st == SDPA_OK && x->kernel->checks_kv_inline && x->kernel->verify != NULL)
+        run->check_finite = chk->check_finite; /* it checks the K/V rows it reads (gate 2) */
+    return st;
 }
 
 static sdpa_status layout(const char *fn, const sdpa__plan *p, const sdpa_options *o, varlen_ws *w, seq *sq) {
@@ -243,7 +263,7 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
                           "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
                           FN, o->workspace_bytes, w.total);
     const size_t n = (size_t)w.nseq;
-    seq *sq = n <= SIZE_MAX / (sizeof(seq) + 2 * sizeof(unit)) ? malloc(n * (sizeof(seq) + 2 * sizeof(unit))) : NULL;
+    seq *sq = n <= SIZE_MAX / (sizeof(seq) + 3 * sizeof(unit)) ? malloc(n * (sizeof(seq) + 3 * sizeof(unit))) : NULL;
     void *ws = o->workspace, *owned = NULL;
     if (ws == NULL)
         owned = ws = malloc(w.total);
@@ -261,13 +281,16 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     unsigned char *base = (unsigned char *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
     unsigned char *shared = base, *whole = base + sdpa__align64(w.shared);
     unsigned char *tws = whole + sdpa__align64(w.whole);
-    /* Phase 1 in sequence order (the lowest failing sequence is the one a scan in order finds);
-     * phase 2 long sequences first, then the short ones. */
-    int64_t nc = 0, nk = 0, ctasks = 0, ktasks = 0;
+    /* Phase 1 in sequence order: every sequence's checks (K/V rows too, except for a kernel
+     * that checks those inline); gate 1. Phase 2: the items of such kernels (decode; they write
+     * no output), gate 2 = their inline checks. Phase 3: the other items (they write), long
+     * sequences first. Then each sequence's finish. */
+    int64_t nc = 0, ni = 0, nk = 0, ctasks = 0, itasks = 0, ktasks = 0;
     for (int64_t r = 0; r < w.nseq; ++r) {
         seq *q = &sq[r];
         sdpa__phase ph;
-        sdpa__check_begin(&q->chk, &q->chk_plan, true, tws, w.thread_bytes, w.threads, &ph);
+        const bool kv_inline = q->x.kernel->verify != NULL && q->run_plan.check_finite;
+        sdpa__check_begin(&q->chk, &q->chk_plan, !kv_inline, tws, w.thread_bytes, w.threads, &ph);
         if (ph.ntasks > 0) {
             cu[nc++] = (unit){ctasks, ph.ntasks, ph.fn, ph.ctx};
             ctasks += ph.ntasks;
@@ -275,25 +298,39 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
         if (q->x.kernel->prepare != NULL)
             q->x.kernel->prepare(&q->run_plan, shared + q->shared_at, tws, w.thread_bytes, &q->w);
     }
+    unit *iu = ku + n; /* after the other kernels' units */
     for (int pass = 0; pass < 2; ++pass)
         for (int64_t r = 0; r < w.nseq; ++r) {
             seq *q = &sq[r];
-            if (q->x.kernel->prepare == NULL || q->w.items == 0 || (q->run_plan.L > VARLEN_SMALL_L) != (pass == 0))
+            if (q->x.kernel->prepare == NULL || q->w.items == 0)
+                continue;
+            if (q->x.kernel->verify != NULL) {
+                if (pass == 0) {
+                    iu[ni++] = (unit){itasks, q->w.items, q->w.item, q->w.ctx};
+                    itasks += q->w.items;
+                }
+                continue;
+            }
+            if ((q->run_plan.L > VARLEN_SMALL_L) != (pass == 0))
                 continue;
             ku[nk++] = (unit){ktasks, q->w.items, q->w.item, q->w.ctx};
             ktasks += q->w.items;
         }
-    units cus = {cu, nc}, kus = {ku, nk};
-    batch_gate g = {sq, w.nseq};
-    sdpa__phase ph[2] = {{ctasks, units_task, &cus, checks_passed, &g}, {ktasks, units_task, &kus, NULL, NULL}};
-    sdpa__run_phases(&p->exec, w.threads, ph, 2);
+    units cus = {cu, nc}, ius = {iu, ni}, kus = {ku, nk};
+    batch_gate g = {sq, w.nseq, false};
+    sdpa__phase ph[3] = {{ctasks, units_task, &cus, checks_passed, &g},
+                         {itasks, units_task, &ius, inline_checks_passed, &g},
+                         {ktasks, units_task, &kus, NULL, NULL}};
+    sdpa__run_phases(&p->exec, w.threads, ph, 3);
 
     int64_t first_bad = -1;
-    for (int64_t r = 0; r < w.nseq && first_bad < 0; ++r)
-        if (sdpa__check_failed(&sq[r].chk))
+    sdpa_status bad_st = SDPA_OK;
+    for (int64_t r = 0; r < w.nseq && g.stopped && first_bad < 0; ++r) /* a scan in order finds it */
+        if ((bad_st = sdpa__check_values(&sq[r].chk_plan, true, w.threads, tws)) != SDPA_OK)
             first_bad = r;
-    if (first_bad >= 0) { /* the message, made again by the sequence's own scan */
-        const sdpa__plan *s = &sq[first_bad].chk_plan;
+    if (g.stopped && first_bad < 0)
+        st = sdpa__fail(SDPA_ERR_INTERNAL, "%s: a packed sequence's checks gave two answers", FN);
+    if (first_bad >= 0) { /* name the sequence and its first packed row */
         int64_t rr = 0; /* its index among all sequences: the r of the message */
         for (int64_t r = 0, live = 0; r < o->num_seqs; ++r) {
             const int32_t Lr = o->cu_seqlens_q[r + 1] - o->cu_seqlens_q[r];
@@ -302,15 +339,10 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
                 break;
             }
         }
-        st = sdpa__check_values(s, true, w.threads, tws);
-        if (st == SDPA_OK) {
-            st = sdpa__fail(SDPA_ERR_INTERNAL, "%s: a packed sequence's checks gave two answers", FN);
-        } else { /* its b is 0 (the sequence alone): name the sequence and its first packed row */
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", sdpa_last_error_message());
-            st = sdpa__fail(st, "%s [packed sequence r=%lld: b=0 is r, i counts from cu_seqlens_q[r]=%d, j from its first key]",
-                            msg, (long long)rr, (int)o->cu_seqlens_q[rr]);
-        }
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", sdpa_last_error_message());
+        st = sdpa__fail(bad_st, "%s [packed sequence r=%lld: b=0 is r, i counts from cu_seqlens_q[r]=%d, j from its first key]",
+                        msg, (long long)rr, (int)o->cu_seqlens_q[rr]);
     }
     /* Each sequence's finish (decode's merge and writes), then the kernels that run whole. */
     for (int64_t r = 0; r < w.nseq && st == SDPA_OK; ++r) {
