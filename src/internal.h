@@ -247,17 +247,10 @@ sdpa_status sdpa__check_end(sdpa__check *c);
 #define SDPA__MAX_THREADS 256
 /* Online CPUs, clamped to [1, SDPA__MAX_THREADS]. */
 int sdpa__online_cpus(void);
-/* fn(ctx, task, thread_index) for every task in [0, ntasks), on up to nthreads threads (the
- * calling thread is thread 0; thread_index < nthreads selects per-thread scratch). Tasks are
- * claimed dynamically, so a task's result must not depend on the thread that runs it. If a
- * thread cannot be created, the remaining threads run its share: this never fails. */
+/* A task: fn(ctx, task, thread_index), thread_index < the region's threads selecting
+ * per-thread scratch. Tasks are claimed dynamically, so a task's result must not depend on
+ * the thread that runs it. */
 typedef void (*sdpa__task_fn)(void *ctx, int64_t task, int thread_index);
-void sdpa__parallel_for(int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ctx);
-/* sdpa__parallel_for on the call's executor: the library's own threads (ex NULL or empty), or
- * nthreads "workers" handed to the caller's hook or pool, each claiming tasks dynamically with
- * its worker number as thread_index (< nthreads), so per-thread scratch stays valid whatever
- * the hook does. The library creates no thread for a hook or a pool. */
-void sdpa__run_tasks(const sdpa__exec *ex, int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ctx);
 /* A phase of a region (sdpa__run_phases): ntasks tasks fn(ctx, task, thread_index); after its
  * last task, gate(gate_ctx) (if not NULL) says whether the later phases run (false: the region
  * ends there, e.g. a failed value check before the kernel writes anything). */
@@ -272,7 +265,8 @@ typedef struct sdpa__phase sdpa__phase;
 #define SDPA__MAX_PHASES 4
 /* One parallel region per call: the phases in order on up to nthreads threads (the calling
  * thread included, thread_index < nthreads), started once (own threads, or the caller's hook /
- * pool, as sdpa__run_tasks); every task of phase k finishes (and its writes are visible)
+ * pool: nthreads workers handed to it, each with its worker number as thread_index; the
+ * library creates no thread then); every task of phase k finishes (and its writes are visible)
  * before any task of phase k + 1 starts. Never fails: threads that cannot be created leave
  * their share to the others. */
 void sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph, int nph);
