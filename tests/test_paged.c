@@ -675,7 +675,25 @@ static void test_packed_first_failure(void **state) {
     k[5 * 8] = 0.5f;
     k[1 * 8] = NAN;
     assert_true(is_canary(out, 176));
+    /* The decode row's kernel checks its K/V inline, after the chunk's checks have run: a bad
+     * query row of the later sequence still does not hide the decode row's bad key (r=0 comes
+     * first in a scan), on every executor, and nothing is written. */
+    const float keep = q[4 * 8];
+    q[4 * 8] = NAN; /* head 0, row 4: sequence 1 */
+    for (int t = 1; t <= 3; ++t) {
+        o.num_threads = t;
+        expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NON_FINITE, "packed sequence r=0");
+        assert_true(is_canary(out, 176));
+    }
     k[1 * 8] = 0.5f;
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NON_FINITE, "packed sequence r=1");
+    assert_true(is_canary(out, 176));
+    q[4 * 8] = keep;
+    v[1 * 8] = INFINITY; /* the decode row's value row 1 only: found by its kernel (gate 2) */
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NON_FINITE, "packed sequence r=0");
+    assert_true(is_canary(out, 176));
+    v[1 * 8] = 0.5f;
+    o.num_threads = 0;
     expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK, NULL);
 }
 
