@@ -10,16 +10,9 @@ static const char FN[] = "sdpa_attention";
 
 #define SDPA__WS_ALIGN_SLACK 64u
 
-typedef struct exec {
-    const sdpa__kernel *kernel;
-    int threads;       /* kernel threads */
-    int check_threads; /* threads of the value checks */
-    size_t bytes;      /* workspace for the checks and the kernel (they run one after the other) */
-} exec;
-
 /* The kernel for the plan: the forced one if it can serve the call, else the first of the
- * table AUTO takes; then its threads and the workspace of the checks and the kernel. */
-static sdpa_status choose(const char *fn, const sdpa__plan *p, exec *x) {
+ * table AUTO takes; then the threads and workspace of the call (kernel.h). */
+sdpa_status sdpa__exec_plan_make(const char *fn, const sdpa__plan *p, sdpa__exec_plan *x) {
     const sdpa__kernel *k = NULL;
     for (int t = 0; sdpa__kernels[t] != NULL && k == NULL; ++t) {
         const sdpa__kernel *c = sdpa__kernels[t];
@@ -35,31 +28,61 @@ static sdpa_status choose(const char *fn, const sdpa__plan *p, exec *x) {
     if (k == NULL)
         return sdpa__fail(SDPA_ERR_INTERNAL, "%s: no kernel serves this call", fn);
     x->kernel = k;
-    x->threads = k->threads(p);
-    x->check_threads = sdpa__check_threads(p);
-    const size_t kb = k->workspace_bytes(p, x->threads);
-    const size_t cb = sdpa__check_workspace_bytes(p, x->check_threads);
-    x->bytes = sdpa__add_sat(kb > cb ? kb : cb, SDPA__WS_ALIGN_SLACK);
+    const int kt = k->threads(p), ct = sdpa__check_threads(p);
+    if (k->prepare != NULL) { /* checks and items in one region: its threads serve both */
+        x->threads = kt > ct ? kt : ct;
+        const size_t kb = k->thread_bytes(p), cb = sdpa__check_thread_bytes(p);
+        x->thread_bytes = sdpa__align64(kb > cb ? kb : cb);
+        x->shared_bytes = sdpa__align64(k->shared_bytes(p));
+    } else { /* the checks, then the kernel, each with its own threads */
+        x->threads = kt;
+        const size_t kb = k->workspace_bytes(p, kt), cb = sdpa__check_workspace_bytes(p, ct);
+        x->thread_bytes = 0;
+        x->shared_bytes = kb > cb ? kb : cb;
+    }
     return SDPA_OK;
+}
+
+/* Workspace bytes of an exec plan, without the alignment slack (SIZE_MAX = overflow). */
+static size_t exec_bytes(const sdpa__exec_plan *x) {
+    return sdpa__add_sat(x->shared_bytes, sdpa__mul_sat(x->thread_bytes, (size_t)x->threads));
 }
 
 sdpa_status sdpa__attention_workspace_bytes(const char *fn, const sdpa__plan *p, size_t *bytes) {
-    exec x = {NULL, 0, 0, 0};
-    sdpa_status st = choose(fn, p, &x);
+    sdpa__exec_plan x;
+    sdpa_status st = sdpa__exec_plan_make(fn, p, &x);
     if (st != SDPA_OK)
         return st;
-    if (x.bytes == SIZE_MAX)
+    const size_t b = sdpa__add_sat(exec_bytes(&x), SDPA__WS_ALIGN_SLACK);
+    if (b == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", fn);
-    *bytes = x.bytes;
+    *bytes = b;
     return SDPA_OK;
 }
 
+/* One region: the value checks (phase 1), then, if they passed, the kernel's items (phase 2);
+ * the threads start once and the calling thread works in both. Then the kernel's finish. */
+static sdpa_status run_region(const sdpa__plan *p, const sdpa__exec_plan *x, unsigned char *ws, bool check_kv) {
+    unsigned char *tws = ws + x->shared_bytes;
+    sdpa__check chk;
+    sdpa__work w;
+    sdpa__phase ph[2];
+    sdpa__check_begin(&chk, p, check_kv, tws, x->thread_bytes, x->threads, &ph[0]);
+    x->kernel->prepare(p, ws, tws, x->thread_bytes, &w);
+    ph[1] = (sdpa__phase){w.items, w.item, w.ctx, NULL, NULL};
+    sdpa__run_phases(&p->exec, x->threads, ph, 2);
+    sdpa_status st = sdpa__check_end(&chk);
+    if (st == SDPA_OK)
+        st = w.finish(w.ctx);
+    return st;
+}
+
 sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t workspace_bytes) {
-    exec x = {NULL, 0, 0, 0};
-    sdpa_status st = choose(FN, p, &x);
+    sdpa__exec_plan x;
+    sdpa_status st = sdpa__exec_plan_make(FN, p, &x);
     if (st != SDPA_OK)
         return st;
-    size_t need = x.bytes;
+    size_t need = sdpa__add_sat(exec_bytes(&x), SDPA__WS_ALIGN_SLACK);
     if (need == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", FN);
     if (workspace != NULL && workspace_bytes < need)
@@ -81,9 +104,13 @@ sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t
     need -= SDPA__WS_ALIGN_SLACK;
     /* A kernel that checks the K/V rows it streams itself saves the check stage that pass. */
     const bool kv_inline = x.kernel->checks_kv_inline && p->check_finite;
-    st = sdpa__check_values(p, !kv_inline, x.check_threads, ws);
-    if (st == SDPA_OK)
-        st = x.kernel->run(p, x.threads, ws, need);
+    if (x.kernel->prepare != NULL) {
+        st = run_region(p, &x, (unsigned char *)ws, !kv_inline);
+    } else {
+        st = sdpa__check_values(p, !kv_inline, sdpa__check_threads(p), ws);
+        if (st == SDPA_OK)
+            st = x.kernel->run(p, x.threads, ws, need);
+    }
     free(owned);
     return st;
 }

@@ -26,14 +26,7 @@ typedef struct check_err {
 
 static sdpa_status report(const check_err *e);
 
-typedef struct check_ctx {
-    const sdpa__plan *p;
-    const sdpa__mk *mk;
-    bool need_empty, check_kv;
-    unsigned char *ws;
-    size_t per_thread;
-    atomic_llong first_bad; /* lowest failing task so far: later tasks cannot be first */
-} check_ctx;
+typedef sdpa__check check_ctx;
 
 /* Per thread: the first failure it met (its tasks come in increasing order), then S + 1 int32. */
 static size_t per_thread(const sdpa__plan *p) {
@@ -44,6 +37,7 @@ static size_t per_thread(const sdpa__plan *p) {
 static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *cnt, check_err *e) {
     const sdpa__plan *p = c->p;
     const bool fin = p->check_finite, kv = fin && c->check_kv;
+    const sdpa__mk *mk = (const sdpa__mk *)c->mk;
     const bool plain = !p->rules.has_mask && !p->rules.has_bias;
     uint8_t *used = (uint8_t *)cnt; /* with a mask or bias: S flags */
     if (kv)
@@ -86,7 +80,7 @@ static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *c
             }
             /* A query row with no allowed key is never read, so it is not inspected. */
             if (any && fin &&
-                !p->load_q->row_finite(c->mk, &p->q, b, h, i)) {
+                !p->load_q->row_finite(mk, &p->q, b, h, i)) {
                 e->kind = ERR_QROW; e->h = h; e->i = i;
                 return false;
             }
@@ -109,12 +103,12 @@ static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *c
         }
         if (!u)
             continue;
-        if (!p->load_k->row_finite(c->mk, &p->k, b, g, j)) {
+        if (!p->load_k->row_finite(mk, &p->k, b, g, j)) {
             e->kind = ERR_KROW; e->h = g; e->j = j;
             return false;
         }
         if (p->Ev > 0 &&
-            !p->load_v->row_finite(c->mk, &p->v, b, g, j)) {
+            !p->load_v->row_finite(mk, &p->v, b, g, j)) {
             e->kind = ERR_VROW; e->h = g; e->j = j;
             return false;
         }
@@ -124,7 +118,7 @@ static bool check_task_body(const check_ctx *c, int64_t b, int64_t g, int32_t *c
 
 static void check_task(void *vctx, int64_t task, int tid) {
     check_ctx *c = (check_ctx *)vctx;
-    unsigned char *ws = c->ws + (size_t)tid * c->per_thread;
+    unsigned char *ws = c->ws + (size_t)tid * c->stride;
     check_err *mine = (check_err *)ws;
     if (mine->kind != ERR_NONE || task > (int64_t)atomic_load_explicit(&c->first_bad, memory_order_relaxed))
         return;
@@ -142,43 +136,75 @@ static void check_task(void *vctx, int64_t task, int tid) {
     }
 }
 
-/* The checks of tasks [0, ntasks); see sdpa__check_values. */
+/* The check of tasks [0, ntasks) as a phase of a region (sdpa__run_phases). */
+static void check_begin(check_ctx *c, const sdpa__plan *p, const sdpa__mk *mk, bool check_kv, int64_t ntasks,
+                        unsigned char *tws, size_t stride, int threads, sdpa__phase *ph) {
+    c->p = p;
+    c->mk = mk;
+    c->need_empty = p->empty_rows == SDPA_EMPTY_ROWS_ERROR;
+    c->check_kv = check_kv;
+    c->ws = tws;
+    c->stride = stride;
+    c->threads = threads < 1 ? 1 : threads;
+    c->ntasks = (!c->need_empty && !p->check_finite) ? 0 : ntasks;
+    atomic_init(&c->first_bad, (long long)c->ntasks);
+    if (c->ntasks > 0)
+        for (int t = 0; t < c->threads; ++t)
+            ((check_err *)(c->ws + (size_t)t * c->stride))->kind = ERR_NONE;
+    ph->ntasks = c->ntasks;
+    ph->fn = check_task;
+    ph->ctx = c;
+    ph->gate = sdpa__check_passed_gate;
+    ph->gate_ctx = c;
+}
+
+bool sdpa__check_failed(const sdpa__check *c) {
+    return atomic_load_explicit(&((sdpa__check *)c)->first_bad, memory_order_acquire) < (long long)c->ntasks;
+}
+
+bool sdpa__check_passed_gate(void *c) { return !sdpa__check_failed((const sdpa__check *)c); }
+
 static sdpa_status check_run(const sdpa__plan *p, const sdpa__mk *mk, int threads, bool check_kv, int64_t ntasks,
-                             void *ws) {
-    const bool need_empty = p->empty_rows == SDPA_EMPTY_ROWS_ERROR;
-    if (!need_empty && !p->check_finite)
+                             void *ws);
+
+/* After the region: the failure of a sequential scan (or SDPA_OK). Per-thread slots are read
+ * only when a task failed (then the region stopped before any later phase reused them). */
+static sdpa_status check_end(check_ctx *c) {
+    if (!sdpa__check_failed(c))
         return SDPA_OK;
-    check_ctx c;
-    c.p = p;
-    c.mk = mk;
-    c.need_empty = need_empty;
-    c.check_kv = check_kv;
-    c.ws = (unsigned char *)ws;
-    c.per_thread = per_thread(p);
-    atomic_init(&c.first_bad, (long long)ntasks);
-    if ((int64_t)threads > ntasks)
-        threads = (int)ntasks;
-    for (int t = 0; t < threads; ++t)
-        ((check_err *)(c.ws + (size_t)t * c.per_thread))->kind = ERR_NONE;
-    sdpa__run_tasks(&p->exec, threads, ntasks, check_task, &c);
+    const sdpa__plan *p = c->p;
     const check_err *e = NULL;
-    for (int t = 0; t < threads; ++t) {
-        const check_err *x = (const check_err *)(c.ws + (size_t)t * c.per_thread);
+    for (int t = 0; t < c->threads; ++t) {
+        const check_err *x = (const check_err *)(c->ws + (size_t)t * c->stride);
         if (x->kind != ERR_NONE && (e == NULL || x->task < e->task))
             e = x;
     }
     if (e == NULL)
-        return SDPA_OK;
-    if (!check_kv && p->check_finite && e->task > 0) {
+        return sdpa__fail(SDPA_ERR_INTERNAL, "%s: a value check failed without a record", FN);
+    if (!c->check_kv && p->check_finite && e->task > 0) {
         /* K/V rows are left to the kernel, but in the scan's order those of the earlier tasks
          * come before this failure: check them, so the failure named is the full scan's. */
         const check_err first = *e;
-        const sdpa_status st = check_run(p, mk, threads, true, first.task, ws);
+        const sdpa_status st = check_run(p, (const sdpa__mk *)c->mk, c->threads, true, first.task, c->ws);
         if (st != SDPA_OK)
             return st;
         return report(&first);
     }
     return report(e);
+}
+
+sdpa_status sdpa__check_end(sdpa__check *c) { return check_end(c); }
+
+/* The checks of tasks [0, ntasks) in a region of their own; see sdpa__check_values. */
+static sdpa_status check_run(const sdpa__plan *p, const sdpa__mk *mk, int threads, bool check_kv, int64_t ntasks,
+                             void *ws) {
+    check_ctx c;
+    sdpa__phase ph;
+    check_begin(&c, p, mk, check_kv, ntasks, (unsigned char *)ws, per_thread(p), threads, &ph);
+    if ((int64_t)threads > ntasks)
+        threads = (int)ntasks;
+    sdpa__run_phases(&p->exec, threads, &ph, 1);
+    return check_end(&c);
 }
 
 static sdpa_status report(const check_err *e) {
@@ -212,6 +238,13 @@ int sdpa__check_threads(const sdpa__plan *p) {
     if (t > p->B * p->Hkv)
         t = p->B * p->Hkv;
     return t < 1 ? 1 : (int)t;
+}
+
+size_t sdpa__check_thread_bytes(const sdpa__plan *p) { return per_thread(p); }
+
+void sdpa__check_begin(sdpa__check *c, const sdpa__plan *p, bool check_kv, unsigned char *tws, size_t stride,
+                       int threads, sdpa__phase *ph) {
+    check_begin(c, p, sdpa__dispatch_mk(SDPA__MK_F32), check_kv, p->B * p->Hkv, tws, stride, threads, ph);
 }
 
 size_t sdpa__check_workspace_bytes(const sdpa__plan *p, int threads) {

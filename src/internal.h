@@ -219,22 +219,57 @@ size_t sdpa__check_workspace_bytes(const sdpa__plan *p, int threads);
  * sdpa__check_workspace_bytes(p, threads), 64-byte aligned. */
 sdpa_status sdpa__check_values(const sdpa__plan *p, bool check_kv, int threads, void *ws);
 
+/* The value checks as a phase of the call's region (attention.c, varlen.c): begin fills ph
+ * (one task per (b, kv head); no task when there is nothing to check) and its gate (false once
+ * a task failed); thread t's scratch is tws + t * stride (stride >= sdpa__check_thread_bytes,
+ * 64-byte aligned, threads >= the region's threads); after the region, sdpa__check_end gives
+ * the status and message sdpa__check_values would. */
+struct sdpa__phase;
+typedef struct sdpa__check {
+    const sdpa__plan *p;
+    const void *mk;
+    bool need_empty, check_kv;
+    unsigned char *ws;
+    size_t stride;
+    int threads;
+    int64_t ntasks;
+    _Atomic long long first_bad; /* lowest failing task so far: later tasks cannot be first */
+} sdpa__check;
+size_t sdpa__check_thread_bytes(const sdpa__plan *p);
+void sdpa__check_begin(sdpa__check *c, const sdpa__plan *p, bool check_kv, unsigned char *tws, size_t stride,
+                       int threads, struct sdpa__phase *ph);
+bool sdpa__check_failed(const sdpa__check *c);
+bool sdpa__check_passed_gate(void *c);
+sdpa_status sdpa__check_end(sdpa__check *c);
+
 /* ---- threads.c: the library's own fork-join parallelism (no pool, no global state) ---- */
 
 #define SDPA__MAX_THREADS 256
 /* Online CPUs, clamped to [1, SDPA__MAX_THREADS]. */
 int sdpa__online_cpus(void);
-/* fn(ctx, task, thread_index) for every task in [0, ntasks), on up to nthreads threads (the
- * calling thread is thread 0; thread_index < nthreads selects per-thread scratch). Tasks are
- * claimed dynamically, so a task's result must not depend on the thread that runs it. If a
- * thread cannot be created, the remaining threads run its share: this never fails. */
+/* A task: fn(ctx, task, thread_index), thread_index < the region's threads selecting
+ * per-thread scratch. Tasks are claimed dynamically, so a task's result must not depend on
+ * the thread that runs it. */
 typedef void (*sdpa__task_fn)(void *ctx, int64_t task, int thread_index);
-void sdpa__parallel_for(int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ctx);
-/* sdpa__parallel_for on the call's executor: the library's own threads (ex NULL or empty), or
- * nthreads "workers" handed to the caller's hook or pool, each claiming tasks dynamically with
- * its worker number as thread_index (< nthreads), so per-thread scratch stays valid whatever
- * the hook does. The library creates no thread for a hook or a pool. */
-void sdpa__run_tasks(const sdpa__exec *ex, int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ctx);
+/* A phase of a region (sdpa__run_phases): ntasks tasks fn(ctx, task, thread_index); after its
+ * last task, gate(gate_ctx) (if not NULL) says whether the later phases run (false: the region
+ * ends there, e.g. a failed value check before the kernel writes anything). */
+struct sdpa__phase {
+    int64_t ntasks;
+    sdpa__task_fn fn;
+    void *ctx;
+    bool (*gate)(void *gate_ctx);
+    void *gate_ctx;
+};
+typedef struct sdpa__phase sdpa__phase;
+#define SDPA__MAX_PHASES 4
+/* One parallel region per call: the phases in order on up to nthreads threads (the calling
+ * thread included, thread_index < nthreads), started once (own threads, or the caller's hook /
+ * pool: nthreads workers handed to it, each with its worker number as thread_index; the
+ * library creates no thread then); every task of phase k finishes (and its writes are visible)
+ * before any task of phase k + 1 starts. Never fails: threads that cannot be created leave
+ * their share to the others. */
+void sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph, int nph);
 /* threadpool.c: run job(ctx, k) for k in [0, njobs), njobs <= sdpa_threadpool_size(pool), one
  * per pool thread (job 0 on the calling thread); returns when all are done. Serialized. */
 void sdpa__threadpool_run(sdpa_threadpool *pool, int njobs, void (*job)(void *ctx, int64_t k), void *ctx);

@@ -3,7 +3,8 @@
  * kernel (options->kernel) is looked up in the same table by id. A new kernel (paged, AMX, ...)
  * is one entry here plus its file; attention.c does not change.
  *
- * Data flow: attention.c (entry) -> plan.c -> check.c -> kernel->run -> loaders / micro-kernels.
+ * Data flow: attention.c (entry) -> plan.c -> check.c -> kernel items / run -> loaders /
+ * micro-kernels (the checks and the items run in one parallel region of attention.c).
  * A kernel reads the plan only; it never calls back into attention.c, plan.c or check.c. */
 #ifndef SDPA_KERNEL_H
 #define SDPA_KERNEL_H
@@ -16,6 +17,19 @@ typedef enum sdpa__fit {
     SDPA__FIT_FORCED = 1, /* runs it when forced, but AUTO should look further */
     SDPA__FIT_AUTO = 2    /* runs it, and AUTO takes it */
 } sdpa__fit;
+
+/* The work of an itemised kernel, as prepare() leaves it: items independent tasks (any order,
+ * any thread; the same items for every thread count, so results do not depend on it), run
+ * in one phase of the caller's region (sdpa__run_phases), possibly next to other calls' items
+ * (a packed batch); then finish on the calling thread: what is left to check and write
+ * (decode's split-KV merge), and sdpa_last_kernel(). Items write only their own outputs (or
+ * the shared state), and only after the call's value checks have passed. */
+typedef struct sdpa__work {
+    int64_t items;
+    sdpa__task_fn item; /* item(ctx, i, thread_index) */
+    void *ctx;
+    sdpa_status (*finish)(void *ctx);
+} sdpa__work;
 
 typedef struct sdpa__kernel {
     int id;                /* its sdpa_kernel value */
@@ -30,11 +44,24 @@ typedef struct sdpa__kernel {
     sdpa__fit (*supports)(const sdpa__plan *p, const char **why);
     /* Threads this call runs: a function of the shape and p->num_threads only. */
     int (*threads)(const sdpa__plan *p);
-    /* Workspace bytes for that many threads (SIZE_MAX = overflow). */
+    /* A kernel runs either as work items (tiled, decode: the fields below; workspace_bytes
+     * and run NULL) or whole (reference: workspace_bytes and run; the item fields NULL). */
+    /* Whole: workspace bytes for that many threads (SIZE_MAX = overflow). */
     size_t (*workspace_bytes)(const sdpa__plan *p, int threads);
-    /* Compute out (and weights, lse as the plan asks); ws is 64-byte aligned, ws_bytes at
-     * least workspace_bytes(p, threads). Sets sdpa_last_kernel(). */
+    /* Whole: compute out (and weights, lse as the plan asks); ws is 64-byte aligned, ws_bytes
+     * at least workspace_bytes(p, threads). Sets sdpa_last_kernel(). */
     sdpa_status (*run)(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes);
+    /* Items: scratch bytes per thread (64-byte multiple) and bytes of the call's shared state
+     * (the kernel's context and its partial results; SIZE_MAX = overflow). */
+    size_t (*thread_bytes)(const sdpa__plan *p);
+    size_t (*shared_bytes)(const sdpa__plan *p);
+    /* Items: set up the call in shared (64-byte aligned, shared_bytes(p)) and describe its work
+     * (sdpa__work); thread t's scratch is tws + t * tstride. Writes no output. */
+    void (*prepare)(const sdpa__plan *p, void *shared, unsigned char *tws, size_t tstride, sdpa__work *w);
+    /* Items, checks_kv_inline kernels: after the items (which then write no output), false if
+     * the inline K/V check fails; any thread may run it, so it makes no message (finish
+     * does). A packed batch runs it as a gate before other sequences' items write. */
+    bool (*verify)(void *ctx);
 } sdpa__kernel;
 
 /* The kernels, in AUTO's order of preference, NULL-terminated (kernel.c). */
@@ -44,5 +71,16 @@ extern const sdpa__kernel *const sdpa__kernels[];
 extern const sdpa__kernel sdpa__kernel_decode;
 extern const sdpa__kernel sdpa__kernel_tiled;
 extern const sdpa__kernel sdpa__kernel_reference;
+
+/* How the driver runs a plan (attention.c; varlen.c for each packed sequence): the kernel,
+ * threads of the region, per-thread scratch (the checks' and the kernel's, the larger) and
+ * shared bytes. */
+typedef struct sdpa__exec_plan {
+    const sdpa__kernel *kernel;
+    int threads;         /* of the region (or of a whole kernel's run) */
+    size_t thread_bytes; /* itemised: per thread, 64-byte multiple */
+    size_t shared_bytes; /* itemised: the kernel's shared state; whole: its workspace */
+} sdpa__exec_plan;
+sdpa_status sdpa__exec_plan_make(const char *fn, const sdpa__plan *p, sdpa__exec_plan *x);
 
 #endif

@@ -141,10 +141,9 @@ static layout make_layout(const sdpa__plan *p, const dplan *d) {
     return l;
 }
 
-static size_t decode_workspace_bytes(const sdpa__plan *p, int threads) {
+static size_t decode_thread_bytes(const sdpa__plan *p) {
     const dplan d = decode_plan(p);
-    const layout l = make_layout(p, &d);
-    return sdpa__add_sat(sdpa__mul_sat(l.total, (size_t)(threads < 1 ? 1 : threads)), l.shared);
+    return make_layout(p, &d).total;
 }
 
 typedef struct dctx {
@@ -160,8 +159,15 @@ typedef struct dctx {
     dplan d;
     layout lay;
     unsigned char *ws, *shared;
+    size_t tstride; /* thread t's scratch: ws + t * tstride */
     float qscale;
 } dctx;
+
+/* The call's context, then the layout's shared part (partial results, the merge's scratch). */
+static size_t decode_shared_bytes(const sdpa__plan *p) {
+    const dplan d = decode_plan(p);
+    return sdpa__add_sat(sdpa__align64(sizeof(dctx)), make_layout(p, &d).shared);
+}
 
 
 /* A run of K (V) rows of a tile in place: tile rows [t0, t0 + n) at data, row stride in elements. */
@@ -222,7 +228,7 @@ static void decode_task(void *vctx, int64_t task, int tid) {
     const sdpa__mk *mk = c->mk;
     const dplan *d = &c->d;
     const layout *lay = &c->lay;
-    unsigned char *ws = c->ws + (size_t)tid * lay->total;
+    unsigned char *ws = c->ws + (size_t)tid * c->tstride;
     float *qp = (float *)(ws + lay->qp), *s = (float *)(ws + lay->s), *kp = (float *)(ws + lay->kp);
     float *vp = (float *)(ws + lay->vp), *o = (float *)(ws + lay->o), *m = (float *)(ws + lay->m);
     float *alpha = (float *)(ws + lay->alpha);
@@ -499,68 +505,110 @@ static void decode_task(void *vctx, int64_t task, int tid) {
 
 /* Some row came out non-finite: the first attended K or V row holding NaN/Inf, in the order of
  * the check stage (b, kv head, key; K before V), fails the call; SDPA_OK if there is none. */
-static sdpa_status first_nonfinite_kv(const sdpa__plan *p, const sdpa__mk *mk, int32_t *cnt, uint8_t *used) {
+static bool nonfinite_kv_at(const sdpa__plan *p, const sdpa__mk *mk, int32_t *cnt, uint8_t *used, int64_t *fb,
+                            int64_t *fg, int64_t *fj, bool *fv) {
     for (int64_t b = 0; b < p->B; ++b)
         for (int64_t g = 0; g < p->Hkv; ++g) {
             sdpa__rule_group_keys(&p->rules, b, g * p->group, (g + 1) * p->group, cnt, used);
             for (int64_t j = 0; j < p->S; ++j) {
                 if (!used[j])
                     continue;
-                if (!p->load_k->row_finite(mk, &p->k, b, g, j))
-                    return sdpa__fail_kv_row(b, g, j, false);
-                if (p->Ev > 0 &&
-                    !p->load_v->row_finite(mk, &p->v, b, g, j))
-                    return sdpa__fail_kv_row(b, g, j, true);
+                const bool kbad = !p->load_k->row_finite(mk, &p->k, b, g, j);
+                if (kbad || (p->Ev > 0 && !p->load_v->row_finite(mk, &p->v, b, g, j))) {
+                    *fb = b;
+                    *fg = g;
+                    *fj = j;
+                    *fv = !kbad;
+                    return true;
+                }
             }
         }
+    return false;
+}
+
+static sdpa_status first_nonfinite_kv(const sdpa__plan *p, const sdpa__mk *mk, int32_t *cnt, uint8_t *used) {
+    int64_t b, g, j;
+    bool isv;
+    if (nonfinite_kv_at(p, mk, cnt, used, &b, &g, &j, &isv))
+        return sdpa__fail_kv_row(b, g, j, isv);
     return SDPA_OK;
 }
 
-static sdpa_status decode_run(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes) {
-    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
-    const bool check_kv = p->check_finite;
-    dctx c;
-    c.p = p;
-    c.mk = mk;
-    c.mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
-                     p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
-                 ? sdpa__dispatch_mk_bf16()
-                 : NULL;
-    c.kv_f32 = sdpa__dispatch_mk_kv(SDPA_DTYPE_F32);
-    c.kvk = c.mk16 != NULL ? NULL : sdpa__dispatch_mk_kv(p->k.dtype);
-    c.kvv = sdpa__dispatch_mk_kv(p->v.dtype);
-    if (c.kvv == NULL)
-        c.kvv = c.kv_f32; /* (validation admits f32, f16, bf16 only) */
-    if (c.kvk == NULL && c.mk16 == NULL)
-        c.kvk = c.kv_f32;
-    c.kes[0] = (ptrdiff_t)sizeof(float);
-    c.kes[1] = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)p->k.dtype);
-    c.ves[0] = (ptrdiff_t)sizeof(float);
-    c.ves[1] = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)p->v.dtype);
-    c.d = decode_plan(p);
-    c.lay = make_layout(p, &c.d);
-    if (threads < 1)
-        threads = 1;
-    if (ws_bytes < decode_workspace_bytes(p, threads))
-        return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: decode kernel workspace of %zu bytes is too small",
-                          ws_bytes);
-    c.ws = (unsigned char *)ws;
-    c.shared = c.ws + (size_t)threads * c.lay.total;
-    sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
-    c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
-    sdpa__run_tasks(&p->exec, threads, c.d.items, decode_task, &c);
+/* After the items: did some row come out non-finite (the partial results say)? */
+static bool decode_suspect(const dctx *c) {
+    const float *po = (const float *)(c->shared + c->lay.po);
+    const double *pl = (const double *)(c->shared + c->lay.pl);
+    const int32_t *pbad = (const int32_t *)(c->shared + c->lay.pbad);
+    const int64_t slots = c->p->B * c->p->Hq * c->p->L * c->d.nchunks;
+    bool suspect = c->p->Ev > 0 && !c->mk->all_finite(po, slots * c->p->Ev);
+    for (int64_t t = 0; t < slots && !suspect; ++t)
+        suspect = pbad[t] != 0 || !isfinite(pl[t]);
+    return suspect;
+}
 
+/* The inline K/V check as a gate of a region (a packed batch: before other sequences' items
+ * write): false when an attended K/V row holds NaN/Inf. No message (any thread may run it);
+ * decode_finish, on the calling thread, makes it. */
+static bool decode_verify(void *vctx) {
+    const dctx *c = (const dctx *)vctx;
+    if (!c->p->check_finite || !decode_suspect(c))
+        return true;
+    int64_t b, g, j;
+    bool isv;
+    return !nonfinite_kv_at(c->p, c->mk, (int32_t *)(c->shared + c->lay.kvcnt), c->shared + c->lay.kvused, &b, &g, &j,
+                            &isv);
+}
+
+static sdpa_status decode_finish(void *vctx);
+
+/* The call's context in shared; items = (b, kv head, row group, key chunk), each leaving its
+ * rows' partial results in shared; decode_finish merges them and writes the outputs. */
+static void decode_prepare(const sdpa__plan *p, void *shared, unsigned char *tws, size_t tstride, sdpa__work *w) {
+    dctx *c = (dctx *)shared;
+    c->p = p;
+    c->mk = sdpa__dispatch_mk(SDPA__MK_F32);
+    c->mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
+                      p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
+                  ? sdpa__dispatch_mk_bf16()
+                  : NULL;
+    c->kv_f32 = sdpa__dispatch_mk_kv(SDPA_DTYPE_F32);
+    c->kvk = c->mk16 != NULL ? NULL : sdpa__dispatch_mk_kv(p->k.dtype);
+    c->kvv = sdpa__dispatch_mk_kv(p->v.dtype);
+    if (c->kvv == NULL)
+        c->kvv = c->kv_f32; /* (validation admits f32, f16, bf16 only) */
+    if (c->kvk == NULL && c->mk16 == NULL)
+        c->kvk = c->kv_f32;
+    c->kes[0] = (ptrdiff_t)sizeof(float);
+    c->kes[1] = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)p->k.dtype);
+    c->ves[0] = (ptrdiff_t)sizeof(float);
+    c->ves[1] = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)p->v.dtype);
+    c->d = decode_plan(p);
+    c->lay = make_layout(p, &c->d);
+    c->ws = tws;
+    c->tstride = tstride;
+    c->shared = (unsigned char *)shared + sdpa__align64(sizeof(dctx));
+    sdpa__dropout_init(&c->drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
+    c->qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
+    w->items = c->d.items;
+    w->item = decode_task;
+    w->ctx = c;
+    w->finish = decode_finish;
+}
+
+/* After every item: the inline K/V check, then merge the chunks of each row and write. */
+static sdpa_status decode_finish(void *vctx) {
+    const dctx *cp = (const dctx *)vctx;
+    const dctx c = *cp;
+    const sdpa__plan *p = c.p;
+    const sdpa__mk *mk = c.mk;
+    const bool check_kv = p->check_finite;
     const float *pm = (const float *)(c.shared + c.lay.pm), *po = (const float *)(c.shared + c.lay.po);
     const double *pl = (const double *)(c.shared + c.lay.pl);
     const int32_t *pbad = (const int32_t *)(c.shared + c.lay.pbad);
     void *acc = c.shared + c.lay.acc;
     const int64_t nc = c.d.nchunks, Ev = p->Ev;
     if (check_kv) { /* a non-finite row: look at the K/V rows (see the comment at the top) */
-        const int64_t slots = p->B * p->Hq * p->L * nc;
-        bool suspect = Ev > 0 && !mk->all_finite(po, slots * Ev);
-        for (int64_t t = 0; t < slots && !suspect; ++t)
-            suspect = pbad[t] != 0 || !isfinite(pl[t]);
-        if (suspect) {
+        if (decode_suspect(&c)) {
             const sdpa_status st = first_nonfinite_kv(p, mk, (int32_t *)(c.shared + c.lay.kvcnt), c.shared + c.lay.kvused);
             if (st != SDPA_OK)
                 return st;
@@ -637,6 +685,13 @@ static sdpa__fit decode_supports(const sdpa__plan *p, const char **why) {
 }
 
 const sdpa__kernel sdpa__kernel_decode = {
-    SDPA_KERNEL_DECODE, "SDPA_KERNEL_DECODE", true, decode_supports, decode_threads, decode_workspace_bytes,
-    decode_run,
+    .id = SDPA_KERNEL_DECODE,
+    .enum_name = "SDPA_KERNEL_DECODE",
+    .checks_kv_inline = true,
+    .supports = decode_supports,
+    .threads = decode_threads,
+    .thread_bytes = decode_thread_bytes,
+    .shared_bytes = decode_shared_bytes,
+    .prepare = decode_prepare,
+    .verify = decode_verify,
 };

@@ -355,6 +355,11 @@ static size_t reference_workspace_bytes(const sdpa__plan *p, int threads) {
 }
 
 const sdpa__kernel sdpa__kernel_reference = {
-    SDPA_KERNEL_REFERENCE, "SDPA_KERNEL_REFERENCE", false, reference_supports, reference_threads,
-    reference_workspace_bytes, reference_run,
+    .id = SDPA_KERNEL_REFERENCE,
+    .enum_name = "SDPA_KERNEL_REFERENCE",
+    .checks_kv_inline = false,
+    .supports = reference_supports,
+    .threads = reference_threads,
+    .workspace_bytes = reference_workspace_bytes,
+    .run = reference_run,
 };

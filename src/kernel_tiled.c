@@ -103,9 +103,7 @@ static int tiled_threads(const sdpa__plan *p) {
     return t < 1 ? 1 : (int)t;
 }
 
-static size_t tiled_workspace_bytes(const sdpa__plan *p, int threads) {
-    return sdpa__mul_sat(make_layout(p).total, (size_t)(threads < 1 ? 1 : threads));
-}
+static size_t tiled_thread_bytes(const sdpa__plan *p) { return make_layout(p).total; }
 
 typedef struct tctx {
     const sdpa__plan *p;
@@ -115,6 +113,7 @@ typedef struct tctx {
     sdpa__dropout drop;
     layout lay;
     unsigned char *ws;
+    size_t tstride; /* thread t's scratch: ws + t * tstride */
     float qscale;
 } tctx;
 
@@ -211,7 +210,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     const sdpa__plan *p = c->p;
     const sdpa__mk *mk = c->mk;
     const layout *lay = &c->lay;
-    unsigned char *ws = c->ws + (size_t)tid * lay->total;
+    unsigned char *ws = c->ws + (size_t)tid * c->tstride;
     float *qt = (float *)(ws + lay->qt), *st = (float *)(ws + lay->st), *ot = (float *)(ws + lay->ot);
     float *qtile = (float *)(ws + lay->qtile), *ktile = (float *)(ws + lay->ktile), *vtile = (float *)(ws + lay->vtile);
     float *vg = (float *)(ws + lay->vg), *m = (float *)(ws + lay->m), *alpha = (float *)(ws + lay->alpha);
@@ -505,30 +504,38 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     }
 }
 
-static sdpa_status tiled_run(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes) {
-    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
-    tctx c;
-    c.p = p;
-    c.mk = mk;
-    const sdpa__mk_bf16 *col = p->precision == SDPA_PRECISION_REDUCED ? sdpa__dispatch_mk_bf16() : NULL;
-    c.mk16 = p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 && p->load_q->rows_bf16 != NULL &&
-                     p->load_k->rows_bf16 != NULL
-                 ? col
-                 : NULL;
-    c.pv16 = p->v.dtype == SDPA_DTYPE_BF16 && p->load_v->rows_bf16 != NULL ? col : NULL;
-    c.lay = make_layout(p);
-    c.ws = (unsigned char *)ws;
-    if (threads < 1)
-        threads = 1;
-    if (ws_bytes < tiled_workspace_bytes(p, threads))
-        return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: tiled kernel workspace of %zu bytes is too small",
-                          ws_bytes);
-    sdpa__dropout_init(&c.drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
-    c.qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
-    sdpa__run_tasks(&p->exec, threads, num_tasks(p), tiled_task, &c);
-    sdpa__set_kernel_path(col != NULL && (c.mk16 != NULL || c.pv16 != NULL) ? col->tiled_name : mk->tiled_name,
-                          sdpa__dtype_tag(p));
+static size_t tiled_shared_bytes(const sdpa__plan *p) {
+    (void)p;
+    return sdpa__align64(sizeof(tctx));
+}
+
+static sdpa_status tiled_finish(void *vctx) {
+    const tctx *c = (const tctx *)vctx;
+    const sdpa__mk_bf16 *col = c->mk16 != NULL ? c->mk16 : c->pv16;
+    sdpa__set_kernel_path(col != NULL ? col->tiled_name : c->mk->tiled_name, sdpa__dtype_tag(c->p));
     return SDPA_OK;
+}
+
+/* The call's context in shared; items = (b, h, block of query rows), written out by each item. */
+static void tiled_prepare(const sdpa__plan *p, void *shared, unsigned char *tws, size_t tstride, sdpa__work *w) {
+    tctx *c = (tctx *)shared;
+    c->p = p;
+    c->mk = sdpa__dispatch_mk(SDPA__MK_F32);
+    const sdpa__mk_bf16 *col = p->precision == SDPA_PRECISION_REDUCED ? sdpa__dispatch_mk_bf16() : NULL;
+    c->mk16 = p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 && p->load_q->rows_bf16 != NULL &&
+                      p->load_k->rows_bf16 != NULL
+                  ? col
+                  : NULL;
+    c->pv16 = p->v.dtype == SDPA_DTYPE_BF16 && p->load_v->rows_bf16 != NULL ? col : NULL;
+    c->lay = make_layout(p);
+    c->ws = tws;
+    c->tstride = tstride;
+    sdpa__dropout_init(&c->drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
+    c->qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
+    w->items = num_tasks(p);
+    w->item = tiled_task;
+    w->ctx = c;
+    w->finish = tiled_finish;
 }
 
 static sdpa__fit tiled_supports(const sdpa__plan *p, const char **why) {
@@ -540,5 +547,12 @@ static sdpa__fit tiled_supports(const sdpa__plan *p, const char **why) {
 }
 
 const sdpa__kernel sdpa__kernel_tiled = {
-    SDPA_KERNEL_TILED, "SDPA_KERNEL_TILED", false, tiled_supports, tiled_threads, tiled_workspace_bytes, tiled_run,
+    .id = SDPA_KERNEL_TILED,
+    .enum_name = "SDPA_KERNEL_TILED",
+    .checks_kv_inline = false,
+    .supports = tiled_supports,
+    .threads = tiled_threads,
+    .thread_bytes = tiled_thread_bytes,
+    .shared_bytes = tiled_shared_bytes,
+    .prepare = tiled_prepare,
 };

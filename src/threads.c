@@ -1,8 +1,11 @@
-/* The library's own threads: a fork-join loop over independent tasks, per call.
+/* The library's own threads: one fork-join region per call, in phases of independent tasks
+ * (the value checks, then the kernel's work items), run by the calling thread and the workers
+ * started for the call; the same region runs on a caller's hook or pool.
  * No pool, no global state: threads are created for one call and joined before it returns. */
 #include "internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -11,83 +14,121 @@ int sdpa__online_cpus(void) {
     return n < 1 ? 1 : (n > SDPA__MAX_THREADS ? SDPA__MAX_THREADS : (int)n);
 }
 
-typedef struct worker {
-    sdpa__task_fn fn;
-    void *ctx;
-    int64_t ntasks;
-    atomic_llong next;
-} worker;
+/* ---- regions: phases of tasks, one start of the threads per call ----
+ * Phase k's tasks are claimed dynamically by every thread of the region; the thread that
+ * finishes phase k's last task runs its gate and then opens the next phase, so a thread waits
+ * only for tasks that other running threads have claimed and are executing: a hook that runs
+ * its jobs one after the other (or a thread that never started) cannot deadlock the region. */
 
-typedef struct worker_arg {
-    worker *w;
-    int thread_index;
-} worker_arg;
+typedef struct region {
+    const sdpa__phase *ph;
+    int nph;
+    atomic_llong next[SDPA__MAX_PHASES], done[SDPA__MAX_PHASES];
+    atomic_int open; /* phases [0, open) may be claimed; open > nph: the region is over */
+} region;
 
-static void run_tasks(worker *w, int thread_index) {
+/* Phase k is complete: its gate, then open the next phase that has tasks (or end the region). */
+static void phase_complete(region *r, int k) {
     for (;;) {
-        int64_t t = (int64_t)atomic_fetch_add_explicit(&w->next, 1, memory_order_relaxed);
-        if (t >= w->ntasks)
+        const sdpa__phase *ph = &r->ph[k];
+        if (ph->gate != NULL && !ph->gate(ph->gate_ctx)) {
+            atomic_store_explicit(&r->open, r->nph + 1, memory_order_release);
             return;
-        w->fn(w->ctx, t, thread_index);
+        }
+        ++k;
+        if (k >= r->nph) {
+            atomic_store_explicit(&r->open, r->nph + 1, memory_order_release);
+            return;
+        }
+        if (r->ph[k].ntasks > 0) {
+            atomic_store_explicit(&r->open, k + 1, memory_order_release);
+            return;
+        }
     }
 }
 
+static void region_work(region *r, int thread_index) {
+    for (int k = 0; k < r->nph; ++k) {
+        int open, spins = 0;
+        while ((open = atomic_load_explicit(&r->open, memory_order_acquire)) <= k) {
+            if (++spins > 64) /* the machine may be shared: give the core to the thread we wait for */
+                sched_yield();
+        }
+        if (open > r->nph)
+            return;
+        const sdpa__phase *ph = &r->ph[k];
+        for (;;) {
+            const int64_t t = (int64_t)atomic_fetch_add_explicit(&r->next[k], 1, memory_order_relaxed);
+            if (t >= ph->ntasks)
+                break;
+            ph->fn(ph->ctx, t, thread_index);
+            if ((int64_t)atomic_fetch_add_explicit(&r->done[k], 1, memory_order_acq_rel) + 1 == ph->ntasks)
+                phase_complete(r, k);
+        }
+    }
+}
+
+typedef struct region_arg {
+    region *r;
+    int thread_index;
+} region_arg;
+
 static void *thread_main(void *arg) {
-    worker_arg *a = (worker_arg *)arg;
-    run_tasks(a->w, a->thread_index);
+    region_arg *a = (region_arg *)arg;
+    region_work(a->r, a->thread_index);
     return NULL;
 }
 
-void sdpa__parallel_for(int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ctx) {
-    if (ntasks <= 0)
+static void region_job(void *ctx, int64_t k) { region_work((region *)ctx, (int)k); }
+
+void sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph, int nph) {
+    if (nph <= 0)
         return;
+    if (nph > SDPA__MAX_PHASES)
+        nph = SDPA__MAX_PHASES; /* internal callers stay below; never more */
+    region r;
+    r.ph = ph;
+    r.nph = nph;
+    int64_t most = 0;
+    for (int k = 0; k < nph; ++k) {
+        atomic_init(&r.next[k], 0);
+        atomic_init(&r.done[k], 0);
+        most = ph[k].ntasks > most ? ph[k].ntasks : most;
+    }
+    atomic_init(&r.open, 0);
+    if (ph[0].ntasks > 0)
+        atomic_store_explicit(&r.open, 1, memory_order_relaxed);
+    else
+        phase_complete(&r, 0);
+    if (atomic_load_explicit(&r.open, memory_order_relaxed) > nph)
+        return; /* no task in any phase that is open */
     if (nthreads > SDPA__MAX_THREADS)
         nthreads = SDPA__MAX_THREADS;
-    if ((int64_t)nthreads > ntasks)
-        nthreads = (int)ntasks;
-    worker w = {.fn = fn, .ctx = ctx, .ntasks = ntasks};
-    atomic_init(&w.next, 0);
+    if ((int64_t)nthreads > most)
+        nthreads = (int)most;
+    if (nthreads <= 1) {
+        region_work(&r, 0);
+        return;
+    }
+    if (ex != NULL && ex->pool != NULL) {
+        sdpa__threadpool_run(ex->pool, nthreads, region_job, &r);
+        return;
+    }
+    if (ex != NULL && ex->hook != NULL) {
+        ex->hook(ex->hook_ctx, nthreads, region_job, &r);
+        return;
+    }
     pthread_t tid[SDPA__MAX_THREADS];
-    worker_arg args[SDPA__MAX_THREADS];
+    region_arg args[SDPA__MAX_THREADS];
     int started = 0;
     for (int t = 1; t < nthreads; ++t) {
-        args[t].w = &w;
+        args[t].r = &r;
         args[t].thread_index = t;
         if (pthread_create(&tid[t], NULL, thread_main, &args[t]) != 0)
             break; /* fewer threads: the tasks still all run, on the threads we have */
         started = t;
     }
-    run_tasks(&w, 0);
+    region_work(&r, 0);
     for (int t = 1; t <= started; ++t)
         pthread_join(tid[t], NULL);
-}
-
-/* ---- a caller's hook or pool (threadpool.c): the library creates no thread ---- */
-
-static void claim_job(void *ctx, int64_t k) { run_tasks((worker *)ctx, (int)k); }
-
-void sdpa__run_tasks(const sdpa__exec *ex, int nthreads, int64_t ntasks, sdpa__task_fn fn, void *ctx) {
-    if (ex == NULL || (ex->hook == NULL && ex->pool == NULL)) {
-        sdpa__parallel_for(nthreads, ntasks, fn, ctx);
-        return;
-    }
-    if (ntasks <= 0)
-        return;
-    if (nthreads > SDPA__MAX_THREADS)
-        nthreads = SDPA__MAX_THREADS;
-    if ((int64_t)nthreads > ntasks)
-        nthreads = (int)ntasks;
-    if (nthreads < 1)
-        nthreads = 1;
-    worker w = {.fn = fn, .ctx = ctx, .ntasks = ntasks};
-    atomic_init(&w.next, 0);
-    if (nthreads == 1) { /* nothing to share: the calling thread */
-        run_tasks(&w, 0);
-        return;
-    }
-    /* nthreads workers, each claiming tasks with its own number as thread_index. */
-    if (ex->pool != NULL)
-        sdpa__threadpool_run(ex->pool, nthreads, claim_job, &w);
-    else
-        ex->hook(ex->hook_ctx, nthreads, claim_job, &w);
 }

@@ -397,14 +397,22 @@ static void test_conformance_vllm_decode(void **state) {
 
 /* ----------------------------------------------- packed vs per-sequence calls */
 
-static void packed_case(int paged, int rule, int kernel) {
-    enum { R = 4 };
-    const int64_t Hq = 4, Hkv = 2, E = 32, Ev = 16, BS = 8;
-    const int64_t Lr[R] = {7, 1, 1, 20};
-    const int64_t len[R] = {30, 17, 1, 50};
+static void serial_hook(void *ctx, int64_t ntasks, sdpa_task_fn task, void *task_ctx) {
+    (void)ctx;
+    for (int64_t t = ntasks - 1; t >= 0; --t) /* any order is valid */
+        task(task_ctx, t);
+}
+
+/* A packed batch of R sequences (Lr query rows, len keys each) against each sequence's call
+ * alone, bit for bit, on every executor: 1, 2 and 3 own threads, a caller pool, a serial hook
+ * (all sequences' checks and items share one parallel region; DESIGN section 7). */
+static void packed_case_of(int paged, int rule, int kernel, int R, const int64_t *Lr, const int64_t *len, int64_t BS,
+                           int alone_paged) {
+    const int64_t Hq = 4, Hkv = 2, E = 32, Ev = 16;
     fix f;
     fix_make(&f, R, Hkv, E, Ev, BS, len, 1, 0);
-    int32_t cuq[R + 1], cuk[R + 1];
+    int32_t cuq[16], cuk[16];
+    assert_true(R < 16);
     cuq[0] = cuk[0] = 0;
     for (int r = 0; r < R; ++r) {
         cuq[r + 1] = cuq[r] + (int32_t)Lr[r];
@@ -450,6 +458,13 @@ static void packed_case(int paged, int rule, int kernel) {
         tv = view4(vo, 1, Hkv, TK, Ev, vst);
         o.cu_seqlens_k = cuk;
     }
+    sdpa_threadpool *pool = NULL;
+    assert_int_equal(sdpa_threadpool_create(3, &pool), SDPA_OK);
+    for (int ex = 0; ex < 5; ++ex) {
+    o.num_threads = ex < 3 ? ex + 1 : 0;
+    o.threadpool = ex == 3 ? pool : NULL;
+    o.parallel_for = ex == 4 ? serial_hook : NULL;
+    o.parallel_for_threads = ex == 4 ? 4 : 0;
     canary(out, (size_t)(TQ * Hq * Ev));
     expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, &tl), SDPA_OK, NULL);
     /* Each sequence alone: B = 1, its own rows, BOTTOM_RIGHT, the same kernel. */
@@ -469,6 +484,13 @@ static void packed_case(int paged, int rule, int kernel) {
         s.window_right = o.window_right;
         sdpa_tensor sk = view4(ko + cuk[r] * Hkv * E, 1, Hkv, len[r], E, kst);
         sdpa_tensor sv = view4(vo + cuk[r] * Hkv * Ev, 1, Hkv, len[r], Ev, vst);
+        if (alone_paged) { /* alone with the same addressing: row r of the block table */
+            sk = tk;
+            sv = tv;
+            s.block_table = f.table + r * f.MB;
+            s.max_blocks_per_seq = f.MB;
+            s.key_lengths = &f.len[r];
+        }
         expect(sdpa_attention(&sq, &sk, &sv, &s, &so, NULL, &sl), SDPA_OK, NULL);
         for (int64_t h = 0; h < Hq; ++h)
             for (int64_t i = 0; i < Lr[r]; ++i) {
@@ -477,8 +499,16 @@ static void packed_case(int paged, int rule, int kernel) {
             }
         free(o1); free(l1);
     }
+    }
+    sdpa_threadpool_destroy(pool);
     free(q); free(out); free(lse); free(ko); free(vo);
     fix_free(&f);
+}
+
+static void packed_case(int paged, int rule, int kernel) {
+    const int64_t Lr[4] = {7, 1, 1, 20};
+    const int64_t len[4] = {30, 17, 1, 50};
+    packed_case_of(paged, rule, kernel, 4, Lr, len, 8, 0);
 }
 
 static void test_packed_vs_per_sequence(void **state) {
@@ -487,6 +517,20 @@ static void test_packed_vs_per_sequence(void **state) {
         for (int rule = 0; rule < 3; ++rule)
             for (size_t kk = 0; kk < sizeof g_kernels / sizeof g_kernels[0]; ++kk)
                 packed_case(paged, rule, g_kernels[kk]);
+}
+
+/* A mixed serving batch under AUTO: prefill chunks of several tiled blocks (L > 64) next to
+ * decode rows whose caches are long enough for the decode kernel to split its keys (split-KV
+ * merge after the region), and an empty sequence; bit-equal to the calls alone, with the same
+ * addressing (paged alone for the paged batch: a paged L = 3 decode row over 1500 keys is not
+ * bit-equal to its dense view today, see the report of the 'items' branch). */
+static void test_packed_mixed_batch(void **state) {
+    (void)state;
+    const int64_t Lr[6] = {70, 1, 1, 0, 130, 3};
+    const int64_t len[6] = {90, 1100, 2050, 5, 130, 1500};
+    for (int paged = 0; paged < 2; ++paged)
+        for (int rule = 0; rule < 2; ++rule)
+            packed_case_of(paged, rule, SDPA_KERNEL_AUTO, 6, Lr, len, 32, paged);
 }
 
 /* ---------------------------------------------------- bad indices, canaries kept */
@@ -631,7 +675,25 @@ static void test_packed_first_failure(void **state) {
     k[5 * 8] = 0.5f;
     k[1 * 8] = NAN;
     assert_true(is_canary(out, 176));
+    /* The decode row's kernel checks its K/V inline, after the chunk's checks have run: a bad
+     * query row of the later sequence still does not hide the decode row's bad key (r=0 comes
+     * first in a scan), on every executor, and nothing is written. */
+    const float keep = q[4 * 8];
+    q[4 * 8] = NAN; /* head 0, row 4: sequence 1 */
+    for (int t = 1; t <= 3; ++t) {
+        o.num_threads = t;
+        expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NON_FINITE, "packed sequence r=0");
+        assert_true(is_canary(out, 176));
+    }
     k[1 * 8] = 0.5f;
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NON_FINITE, "packed sequence r=1");
+    assert_true(is_canary(out, 176));
+    q[4 * 8] = keep;
+    v[1 * 8] = INFINITY; /* the decode row's value row 1 only: found by its kernel (gate 2) */
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NON_FINITE, "packed sequence r=0");
+    assert_true(is_canary(out, 176));
+    v[1 * 8] = 0.5f;
+    o.num_threads = 0;
     expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK, NULL);
 }
 
@@ -834,6 +896,7 @@ int main(void) {
         cmocka_unit_test(test_paged_weights),
         cmocka_unit_test(test_conformance_vllm_decode),
         cmocka_unit_test(test_packed_vs_per_sequence),
+        cmocka_unit_test(test_packed_mixed_batch),
         cmocka_unit_test(test_bad_block_table),
         cmocka_unit_test(test_bad_cu_seqlens),
         cmocka_unit_test(test_kv_write),
