@@ -60,23 +60,37 @@ typedef struct dplan {
     int64_t rows_per_g, nrg, nchunks, chunk, items;
 } dplan;
 
+/* The keys a call can attend: S, or the longest key_lengths[b] when given (a paged call's S is
+ * its block table's width). The key split below depends on this count only, so a paged call
+ * and a dense call over the same keys split them alike (bit-equal results). */
+static int64_t attended_keys(const sdpa__plan *p) {
+    if (p->rules.key_lengths == NULL)
+        return p->S;
+    int64_t most = 0;
+    for (int64_t b = 0; b < p->B; ++b)
+        if (p->rules.key_lengths[b] > most)
+            most = p->rules.key_lengths[b];
+    return most < p->S ? most : p->S;
+}
+
 static dplan decode_plan(const sdpa__plan *p) {
     dplan d;
+    const int64_t S = attended_keys(p);
     d.rows_per_g = p->group * p->L;
     d.nrg = (d.rows_per_g + RMAX - 1) / RMAX;
     const int64_t base = p->B * p->Hkv * d.nrg;
     d.nchunks = 1;
     if (base > 0 && base < SPLIT_ITEMS) {
-        int64_t want = (SPLIT_ITEMS + base - 1) / base, most = p->S / SPLIT_MIN_KEYS;
+        int64_t want = (SPLIT_ITEMS + base - 1) / base, most = S / SPLIT_MIN_KEYS;
         d.nchunks = want < most ? want : most;
         if (d.nchunks < 1)
             d.nchunks = 1;
     }
-    d.chunk = (p->S + d.nchunks - 1) / d.nchunks;
+    d.chunk = (S + d.nchunks - 1) / d.nchunks;
     d.chunk = (d.chunk + BN - 1) / BN * BN;
     if (d.chunk < BN)
         d.chunk = BN;
-    d.nchunks = p->S > 0 ? (p->S + d.chunk - 1) / d.chunk : 1;
+    d.nchunks = S > 0 ? (S + d.chunk - 1) / d.chunk : 1;
     d.items = base * d.nchunks;
     return d;
 }
