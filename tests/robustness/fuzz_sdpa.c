@@ -1133,16 +1133,12 @@ static void fuzz_serving(rd *r)
     }
     /* hooks */
     const uint8_t hk = u8(r) % 8;
-    /* The shared pool is off by default: with it, fuzz_replay -random 60000 deadlocks in
-     * sdpa__threadpool_run (varlen.c small_check_task, njobs 2, pool of 2: the caller waits on
-     * the done condition, the one worker on the work condition); reported, build with
-     * -DFUZZ_SHARED_POOL to reproduce. */
-#ifdef FUZZ_SHARED_POOL
+    /* The shared pool (created once, reused by every input): the deadlock rel2 saw with it
+     * (caller waiting on done, the worker on go) was the start-generation lost wake-up fixed in
+     * src/threadpool.c (aa93b8c); fuzz_replay -random 60000 runs clean with it. */
     if (hk == 1 || hk == 2)
         o.threadpool = pool;
-    else
-#endif
-    if (hk == 3 || hk == 4)
+    else if (hk == 3 || hk == 4)
         o.parallel_for = sv_serial_for, o.parallel_for_threads = 1 + u8(r) % 4;
     else if (hk == 5 && pool) {
         o.threadpool = pool, o.parallel_for = sv_serial_for, o.parallel_for_threads = 2;
