@@ -96,7 +96,7 @@ static inline int rb_known_status(sdpa_status s)
     case SDPA_ERR_UNSUPPORTED: case SDPA_ERR_RANK: case SDPA_ERR_SHAPE: case SDPA_ERR_BROADCAST:
     case SDPA_ERR_STRIDE: case SDPA_ERR_OVERLAP: case SDPA_ERR_SIZE_OVERFLOW: case SDPA_ERR_EMPTY_DIMENSION:
     case SDPA_ERR_DTYPE: case SDPA_ERR_EMPTY_ROW: case SDPA_ERR_NON_FINITE: case SDPA_ERR_OUT_OF_MEMORY:
-    case SDPA_ERR_WORKSPACE_TOO_SMALL:
+    case SDPA_ERR_WORKSPACE_TOO_SMALL: case SDPA_ERR_INDEX: /* 0.5: block table, cu_seqlens, kv-write slot */
         return 1;
     default:
         return 0;

@@ -19,15 +19,26 @@
  * The same is done for sdpa_mha_forward (gaps poisoned), sdpa_merge (against a double formula)
  * and the mask builders / converters (against their formulas).
  *
- *   test_guard [cases [seed]]     default 300 cases, seed 1
+ * guard_serving.c adds the 0.4/0.5 features (f16/bf16 views, paged pools and block tables,
+ * cu_seqlens, key_lengths, sinks, ALiBi slopes, a shared sdpa_threadpool): one serving case per
+ * attention case.
+ *
+ *   test_guard [cases [seed]]          default 300 cases, seed 1, on the ISA SDPA_MAX_ISA names
+ *   test_guard all-isas [cases [seed]] reruns itself once per ISA the CPU has (SDPA_MAX_ISA =
+ *                                      portable, avx2, avx512: the library reads it once per
+ *                                      process) and prints "not run: <isa> (CPU lacks it)" for
+ *                                      the others, which do not count as passed
  */
 #include <math.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "guard.h"
+#include "guard_serving.h"
 #include "ref/sdpa_ref.h"
 
 int rb_failures = 0;
@@ -1099,8 +1110,47 @@ static int isa_available(const char *isa)
     return 1;
 }
 
+extern char **environ;
+
+/* One child per ISA (the library reads SDPA_MAX_ISA once per process). */
+static int run_all_isas(const char *self, int argc, char **argv)
+{
+    static const char *const ISAS[3] = {"portable", "avx2", "avx512"};
+    int failed = 0, ran = 0;
+    char not_run[64] = "";
+    for (int t = 0; t < 3; ++t) {
+        if (!isa_available(ISAS[t])) {
+            printf("test_guard: not run: %s (CPU lacks it)\n", ISAS[t]);
+            strcat(not_run, " ");
+            strcat(not_run, ISAS[t]);
+            continue;
+        }
+        if (setenv("SDPA_MAX_ISA", ISAS[t], 1) != 0) {
+            perror("setenv");
+            return 2;
+        }
+        char *args[4] = {(char *)self, argc > 2 ? argv[2] : (char *)"300", argc > 3 ? argv[3] : (char *)"1", NULL};
+        fflush(stdout);
+        pid_t pid;
+        int status = 0;
+        if (posix_spawn(&pid, self, NULL, NULL, args, environ) != 0 || waitpid(pid, &status, 0) != pid) {
+            perror("posix_spawn");
+            return 2;
+        }
+        ++ran;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            printf("test_guard: SDPA_MAX_ISA=%s FAILED (status 0x%x)\n", ISAS[t], status);
+            failed = 1;
+        }
+    }
+    printf("test_guard: %d ISA(s) run; not run:%s\n", ran, not_run[0] ? not_run : " none");
+    return failed;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "all-isas") == 0)
+        return run_all_isas(argv[0], argc, argv);
     const int64_t cases = argc > 1 ? atoll(argv[1]) : 300;
     const uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 0) : 1;
     const char *isa = getenv("SDPA_MAX_ISA");
@@ -1111,8 +1161,10 @@ int main(int argc, char **argv)
         return 77;
     }
     rb_rng r = {seed * 0x9E3779B97F4A7C15ull + 7};
+    rb_rng rs = {seed * 0x9E3779B97F4A7C15ull + 11};
     for (int64_t n = 0; n < cases; ++n) {
         attention_case(&r, n);
+        serving_case(&rs, n);
         if (n % 4 == 0)
             mha_case(&r, n);
         if (n % 3 == 0)
@@ -1121,8 +1173,12 @@ int main(int argc, char **argv)
             mask_case(&r, n);
     }
     printf("test_guard (SDPA_MAX_ISA=%s, seed %llu): %lld attention cases (%lld calls, %lld expected failures), "
-           "%lld MHA calls, %lld merge calls, %lld mask builder/converter calls; kernels:%s; %d failures\n",
+           "%lld MHA calls, %lld merge calls, %lld mask builder/converter calls; kernels:%s; "
+           "%lld serving cases (%lld calls; %lld paged, %lld packed, %lld f16, %lld bf16; %lld forced kernels unsupported); "
+           "%d failures\n",
            isa, (unsigned long long)seed, (long long)cases, (long long)g_calls, (long long)g_failed_calls,
-           (long long)g_mha_calls, (long long)g_merge_calls, (long long)g_mask_calls, g_kernels, rb_failures);
+           (long long)g_mha_calls, (long long)g_merge_calls, (long long)g_mask_calls, g_kernels, (long long)g_sv_cases,
+           (long long)g_sv_calls, (long long)g_sv_paged, (long long)g_sv_packed, (long long)g_sv_f16, (long long)g_sv_bf16,
+           (long long)g_sv_unsupported, rb_failures);
     return rb_failures ? 1 : 0;
 }

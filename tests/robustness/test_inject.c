@@ -11,6 +11,10 @@
  *   3. for every N in 1..T the N-th pthread_create fails (and once, all of them): the library
  *      runs the tasks on the threads it has, so the call must succeed bit-identically.
  * A call with a caller workspace must allocate nothing (K = 0).
+ * 0.4/0.5 calls too: bf16 tiled, paged bf16 decode with sinks and ALiBi, a packed batch, a call
+ * on a caller sdpa_threadpool, sdpa_kv_write (documented to allocate nothing: K = 0) and
+ * sdpa_threadpool_create (its N-th allocation or pthread_create failing: OUT_OF_MEMORY, *out
+ * untouched, no leak).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -544,6 +548,149 @@ static void merge_scenario(rb_rng *r)
     free(a), free(b), free(la), free(lb), free(o), free(l);
 }
 
+/* 0.4/0.5 calls: bf16 tiled, paged decode with sinks + ALiBi, packed batch, a call on a caller
+ * pool, sdpa_kv_write (no allocation), sdpa_threadpool_create. */
+static uint16_t bf16_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)(u >> 16);
+}
+
+static float *filled16(size_t n, rb_rng *r) /* n bf16 values in a float buffer of (n + 1) / 2 */
+{
+    uint16_t *p = (uint16_t *)malloc((n + 1) / 2 * sizeof(float));
+    for (size_t t = 0; t < n; ++t)
+        p[t] = bf16_of(rb_uniform(r, -1, 1));
+    return (float *)(void *)p;
+}
+
+enum { SV_BF16_TILED, SV_PAGED_DECODE, SV_PACKED, SV_POOL };
+
+static void serving_scenario(const char *name, int variant, rb_rng *r)
+{
+    actx c;
+    memset(&c, 0, sizeof c);
+    sdpa_options_init(&c.opt);
+    const int64_t Hq = 8, Hkv = 2, E = 64;
+    int64_t B = 2, L = 160, S = 600, KB, KS;
+    int32_t *bt = NULL, cu_q[4], cu_k[4];
+    int64_t klen[3] = {0, 0, 0};
+    float sinks[8], slopes[8];
+    sdpa_threadpool *pool = NULL;
+    const int dt = variant == SV_BF16_TILED || variant == SV_PAGED_DECODE ? SDPA_DTYPE_BF16 : SDPA_DTYPE_F32;
+    if (variant == SV_PAGED_DECODE) {
+        B = 3, L = 1;
+        const int64_t bs = 16, mbps = 64, NB = B * mbps;
+        KB = NB, KS = bs, S = mbps * bs;
+        bt = (int32_t *)malloc((size_t)(B * mbps) * 4);
+        for (int64_t t = 0; t < B * mbps; ++t)
+            bt[t] = (int32_t)((t * 37) % NB);
+        klen[0] = 1000, klen[1] = 17, klen[2] = 640;
+        c.opt.block_table = bt, c.opt.max_blocks_per_seq = mbps, c.opt.key_lengths = klen;
+        c.opt.kernel = SDPA_KERNEL_DECODE;
+        for (int h = 0; h < 8; ++h)
+            sinks[h] = (float)h / 4 - 1, slopes[h] = (float)(h + 1) / 16;
+        c.opt.sinks = sinks, c.opt.alibi_slopes = slopes, c.opt.alibi_slopes_rank = 1;
+        c.opt.causal = 1, c.opt.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    } else if (variant == SV_PACKED) {
+        cu_q[0] = 0, cu_q[1] = 70, cu_q[2] = 71, cu_q[3] = 200;
+        cu_k[0] = 0, cu_k[1] = 300, cu_k[2] = 900, cu_k[3] = 1100;
+        B = 1, L = 200, S = 1100, KB = 1, KS = S;
+        c.opt.cu_seqlens_q = cu_q, c.opt.cu_seqlens_k = cu_k, c.opt.num_seqs = 3;
+        c.opt.causal = 1;
+    } else {
+        KB = B, KS = S;
+        c.opt.kernel = SDPA_KERNEL_TILED;
+        c.opt.causal = variant == SV_POOL;
+    }
+    if (variant == SV_POOL && sdpa_threadpool_create(3, &pool) != SDPA_OK) {
+        RB_FAIL("%s: sdpa_threadpool_create: %s", name, sdpa_last_error_message());
+        return;
+    }
+    c.opt.threadpool = pool;
+    c.opt.num_threads = 3;
+    const size_t nq = (size_t)(B * Hq * L * E), nk = (size_t)(KB * Hkv * KS * E), nl = (size_t)(B * Hq * L);
+    float *q = dt == SDPA_DTYPE_F32 ? filled(nq, r) : filled16(nq, r);
+    float *k = dt == SDPA_DTYPE_F32 ? filled(nk, r) : filled16(nk, r);
+    float *v = dt == SDPA_DTYPE_F32 ? filled(nk, r) : filled16(nk, r);
+    const size_t no = dt == SDPA_DTYPE_F32 ? nq : (nq + 1) / 2;
+    float *o = malloc(no * 4), *l = malloc(nl * 4);
+    const int64_t sq[4] = {B, Hq, L, E}, sk[4] = {KB, Hkv, KS, E}, sl[3] = {B, Hq, L};
+    (void)!sdpa_tensor_init_dtype(&c.q, q, (sdpa_dtype)dt, 4, sq);
+    (void)!sdpa_tensor_init_dtype(&c.k, k, (sdpa_dtype)dt, 4, sk);
+    (void)!sdpa_tensor_init_dtype(&c.v, v, (sdpa_dtype)dt, 4, sk);
+    (void)!sdpa_tensor_init_dtype(&c.o, o, (sdpa_dtype)dt, 4, sq);
+    (void)!sdpa_tensor_init(&c.l, l, 3, sl);
+    c.with_l = 1;
+    scenario s = {name, call_attention, &c, {{o, no}, {l, nl}, {NULL, 0}}, 0};
+    run_scenario(&s);
+    sdpa_threadpool_destroy(pool);
+    free(q), free(k), free(v), free(o), free(l), free(bt);
+}
+
+typedef struct kctx {
+    sdpa_tensor kc, vc, k, v;
+    int64_t slots[40];
+} kctx;
+
+static sdpa_status call_kv_write(void *vc)
+{
+    kctx *c = (kctx *)vc;
+    return sdpa_kv_write(&c->kc, &c->vc, &c->k, &c->v, c->slots);
+}
+
+static void kv_write_scenario(rb_rng *r)
+{
+    kctx c;
+    const int64_t NB = 8, bs = 16, Hkv = 2, E = 32, T = 40;
+    float *k = filled((size_t)(T * Hkv * E), r), *v = filled((size_t)(T * Hkv * E), r);
+    float *kc = malloc((size_t)(NB * Hkv * bs * E) / 2 * 4), *vcache = malloc((size_t)(NB * Hkv * bs * E) / 2 * 4);
+    const int64_t sc[4] = {NB, Hkv, bs, E}, sr[3] = {T, Hkv, E};
+    (void)!sdpa_tensor_init_dtype(&c.kc, kc, SDPA_DTYPE_BF16, 4, sc);
+    (void)!sdpa_tensor_init_dtype(&c.vc, vcache, SDPA_DTYPE_F16, 4, sc);
+    (void)!sdpa_tensor_init(&c.k, k, 3, sr);
+    (void)!sdpa_tensor_init(&c.v, v, 3, sr);
+    for (int64_t t = 0; t < T; ++t)
+        c.slots[t] = t % 9 == 4 ? -1 : (t * 7) % (NB * bs);
+    scenario s = {"sdpa_kv_write (f32 rows -> bf16/f16 caches)", call_kv_write, &c,
+                  {{kc, (size_t)(NB * Hkv * bs * E) / 2}, {vcache, (size_t)(NB * Hkv * bs * E) / 2}, {NULL, 0}}, 1};
+    run_scenario(&s);
+    free(k), free(v), free(kc), free(vcache);
+}
+
+/* sdpa_threadpool_create: the N-th allocation or pthread_create failing gives
+ * SDPA_ERR_OUT_OF_MEMORY, *out untouched, nothing leaked (its workers joined). */
+static void pool_create_scenario(void)
+{
+    sdpa_threadpool *p = NULL;
+    arm(0, 0);
+    sdpa_status st = sdpa_threadpool_create(4, &p);
+    disarm();
+    const long K = atomic_load(&g_allocs), T = atomic_load(&g_threads);
+    RB_CHECK(st == SDPA_OK && T == 3, "sdpa_threadpool_create(4): %s, %ld threads", sdpa_status_string(st), T);
+    sdpa_threadpool_destroy(p);
+    sdpa_threadpool *const sentinel = (sdpa_threadpool *)(uintptr_t)0x5A5A;
+    for (long n = 1; n <= K + T; ++n) {
+        p = sentinel;
+        if (n <= K)
+            arm(n, 0);
+        else
+            arm(0, n - K);
+        st = sdpa_threadpool_create(4, &p);
+        disarm();
+        ++g_checked;
+        RB_CHECK(st == SDPA_ERR_OUT_OF_MEMORY && p == sentinel && sdpa_last_error_message()[0] != '\0',
+                 "sdpa_threadpool_create: %s %ld failed: %s, out %s", n <= K ? "allocation" : "pthread_create",
+                 n <= K ? n : n - K, sdpa_status_string(st), p == sentinel ? "untouched" : "written");
+        RB_CHECK(g_nlive == 0, "sdpa_threadpool_create: failure %ld leaked %ld blocks", n, g_nlive);
+        if (st == SDPA_OK && p != sentinel)
+            sdpa_threadpool_destroy(p);
+    }
+    printf("  %-44s %3ld allocations, %2ld thread creations: %ld injected failures checked\n", "sdpa_threadpool_create(4)", K,
+           T, K + T);
+}
+
 int main(void)
 {
     rb_rng r = {42};
@@ -558,6 +705,12 @@ int main(void)
     mha_scenario("MHA, masks and weights, caller workspace", 1, 1, &r);
     mha_scenario("MHA, masks, no weights, 3 threads", 0, 0, &r);
     merge_scenario(&r);
+    serving_scenario("bf16 q/k/v/out, tiled, 3 threads", SV_BF16_TILED, &r);
+    serving_scenario("paged bf16 decode, sinks + ALiBi, 3 threads", SV_PAGED_DECODE, &r);
+    serving_scenario("packed batch (cu_seqlens_q/k), causal", SV_PACKED, &r);
+    serving_scenario("tiled on a caller sdpa_threadpool(3)", SV_POOL, &r);
+    kv_write_scenario(&r);
+    pool_create_scenario();
     printf("test_inject: %lld injected failures checked, %d failed\n", (long long)g_checked, rb_failures);
     return rb_failures ? 1 : 0;
 }
