@@ -189,11 +189,8 @@ void serving_case(rb_rng *r, int64_t n)
     /* q, out, lse */
     const int64_t QB = packed ? 1 : R, QL = packed ? total_q : Lall;
     const int64_t shq[4] = {QB, Hq, QL, E}, sho[4] = {QB, Hq, QL, Ev}, shl[3] = {QB, Hq, QL};
-    /* Known defect (reported; src/varlen.c is not this harness's to change): shift() moves a
-     * packed sequence's view by (size_t)(row0 * stride) bytes, which for a negative stride on
-     * axis 2 is pointer overflow (UBSan: "addition of unsigned offset ... overflowed", found by
-     * this harness). Until it is fixed, packed q and cu_seqlens_k K/V get no negative strides. */
-    const int packed_lay = packed ? in_lay & ~(RB_LAY_BCAST | RB_LAY_NEG) : in_lay & ~RB_LAY_BCAST;
+    /* packed q and cu_seqlens_k K/V take negative strides too (varlen shift() is signed) */
+    const int packed_lay = in_lay & ~RB_LAY_BCAST;
     rb_gt_make(&q, r, 4, shq, es, packed_lay);
     rb_gt_make(&out, r, 4, sho, oes, out_lay);
     const int want_lse = rb_chance(r, 60);
