@@ -333,9 +333,8 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                             for (int64_t t = 0; t < e0 - s0; ++t)
                                 mk->softcap(sc + t * nl, w, p->softcap);
                         if (p->rules.alibi_slopes != NULL) /* ALiBi (rules.c), a bias */
-                            for (int64_t r = l0; r < l0 + w; ++r)
-                                if (state[r] == LANE_VALID)
-                                    sdpa__rule_alibi_add(&p->rules, b, h, i0 + r, s0, e0 - s0, sc + (r - l0), nl);
+                            sdpa__rule_alibi_add_lanes(&p->rules, b, h, i0, state, LANE_VALID, l0, l0 + w, s0, e0 - s0,
+                                                       st + (s0 - ta) * nl, nl);
                         mk->lanes_range_mask(sc, e0 - s0, w, nl, (int32_t)s0, lo + l0, hi + l0, bad + l0);
                     }
                     mk->lanes_softmax(sc, e0 - s0, w, nl, m + l0, alpha + l0, tsum + l0, NULL);
@@ -349,9 +348,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                 if (p->softcap > 0.0f)
                     mk->softcap(st, n * nl, p->softcap);
                 if (p->rules.alibi_slopes != NULL) /* ALiBi (rules.c), a bias */
-                    for (int64_t r = 0; r < nl; ++r)
-                        if (state[r] == LANE_VALID)
-                            sdpa__rule_alibi_add(&p->rules, b, h, i0 + r, ta, n, st + r, nl);
+                    sdpa__rule_alibi_add_lanes(&p->rules, b, h, i0, state, LANE_VALID, 0, nl, ta, n, st, nl);
                 int32_t *check = bad;
                 if (tcl == SDPA__TILE_PARTIAL) {
                     all_used = apply_rules(p, b, h, i0, nl, state, lo, hi, ta, n, st, used, bad);

@@ -2,6 +2,7 @@
  * classifier (see rules.h). The only place the rule is written. */
 #include "rules.h"
 
+#include <math.h>
 #include <string.h>
 
 int64_t sdpa__rule_position(const sdpa__rules *r, int64_t b, int64_t i) {
@@ -56,6 +57,38 @@ void sdpa__rule_alibi_add(const sdpa__rules *r, int64_t b, int64_t h, int64_t i,
         const int64_t d = pos - (j0 + t);
         s[t * stride] -= slope * (float)(d < 0 ? -d : d);
     }
+}
+
+void sdpa__rule_alibi_add_lanes(const sdpa__rules *r, int64_t b, int64_t h, int64_t i0, const uint8_t *on,
+                                uint8_t on_value, int64_t l0, int64_t l1, int64_t j0, int64_t n, float *s, ptrdiff_t ld) {
+    const float slope = sdpa__rule_alibi_slope(r, b, h);
+    if (slope == 0.0f || l1 <= l0 || n <= 0)
+        return;
+    const int64_t p0 = sdpa__rule_position(r, b, i0); /* row i0 + l sits at p0 + l (p is i + a constant) */
+    enum { LANES = 64 };
+    const int64_t dmax = p0 + l1 - 1 - j0, dmin = p0 + l0 - (j0 + n - 1); /* the extremes of p - j */
+    const int64_t big = (int64_t)1 << 24;
+    if (l1 - l0 <= LANES && dmax < big && dmax > -big && dmin < big && dmin > -big) {
+        /* every |p - j| is an integer below 2^24, exact in float: the same values as the row
+         * form, in a loop over contiguous lanes the compiler vectorises; a lane that is not
+         * on gets slope 0 (s - 0 * d = s) */
+        float sl[LANES], lf[LANES];
+        for (int64_t l = l0; l < l1; ++l) {
+            sl[l - l0] = on[l] == on_value ? slope : 0.0f;
+            lf[l - l0] = (float)(l - l0);
+        }
+        const int64_t w = l1 - l0;
+        for (int64_t t = 0; t < n; ++t) {
+            const float base = (float)(p0 + l0 - (j0 + t));
+            float *row = s + t * ld + l0;
+            for (int64_t l = 0; l < w; ++l)
+                row[l] -= sl[l] * fabsf(base + lf[l]);
+        }
+        return;
+    }
+    for (int64_t l = l0; l < l1; ++l)
+        if (on[l] == on_value)
+            sdpa__rule_alibi_add(r, b, h, i0 + l, j0, n, s + l, ld);
 }
 
 bool sdpa__rule_allows(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j, int64_t lo, int64_t hi) {

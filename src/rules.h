@@ -104,6 +104,11 @@ void sdpa__rule_alibi_add(const sdpa__rules *r, int64_t b, int64_t h, int64_t i,
                           ptrdiff_t stride);
 /* The same term of one pair in double, slope * |p - j| (for the double fallback: finite even
  * where the float32 term overflows, so a huge slope still gives a finite score there). */
+/* The same ALiBi term on a lane-major tile (the tiled kernel's layout): s[t * ld + l] is row
+ * i0 + l, key j0 + t, for lanes l in [l0, l1) with on[l] == on_value and t in [0, n); the
+ * other lanes are left as they are. Bit-identical to sdpa__rule_alibi_add per row. */
+void sdpa__rule_alibi_add_lanes(const sdpa__rules *r, int64_t b, int64_t h, int64_t i0, const uint8_t *on,
+                                uint8_t on_value, int64_t l0, int64_t l1, int64_t j0, int64_t n, float *s, ptrdiff_t ld);
 double sdpa__rule_alibi_term(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j);
 
 /* The whole rule for one pair, given the row's structural range [lo, hi): range, allow-mask,
