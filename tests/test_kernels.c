@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -962,6 +964,92 @@ static void kernels_first_failure_wins_when_check_threads_overlap(void **state)
     free(out);
 }
 
+/* The same rule with the schedule steered by a parallel_for hook, so the overlap does not hang on
+ * how the machine schedules the library's threads (mutant M08: the lowest thread's failure wins).
+ * The hook starts job 1 on a thread of its own and job 0 (the calling thread) `delay` later:
+ * job 1 claims task 0 (one key, passes at once) and task 1 (32768 keys, fails on its last value
+ * row); job 0, arriving while task 1 is still being scanned, claims task 2 and fails at once on
+ * its first query row. Slot 0 then holds task 2's failure, slot 1 task 1's: the report must be
+ * task 1's whatever the delay (the delays only make the overlap likely; the assertion holds for
+ * any schedule). */
+typedef struct late_job {
+    sdpa_task_fn task;
+    void *task_ctx;
+} late_job;
+
+static long g_late_delay_us;
+
+static void *late_job_main(void *arg)
+{
+    late_job *j = (late_job *)arg;
+    j->task(j->task_ctx, 1);
+    return NULL;
+}
+
+static void late_start_hook(void *ctx, int64_t ntasks, sdpa_task_fn task, void *task_ctx)
+{
+    (void)ctx;
+    pthread_t th;
+    late_job j = {task, task_ctx};
+    const bool started = ntasks >= 2 && pthread_create(&th, NULL, late_job_main, &j) == 0;
+    if (started) {
+        struct timespec ts = {0, g_late_delay_us * 1000L};
+        nanosleep(&ts, NULL);
+    }
+    for (int64_t t = 0; t < ntasks; ++t)
+        if (!(started && t == 1))
+            task(task_ctx, t);
+    if (started)
+        pthread_join(th, NULL);
+}
+
+static void kernels_lowest_task_failure_wins_on_a_late_thread_zero(void **state)
+{
+    (void)state;
+    const int64_t B = 3, H = 1, L = 4, S = 32768, E = 32;
+    const size_t nq = (size_t)(B * H * L * E), nk = (size_t)(B * H * S * E);
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
+    float *out = malloc(nq * sizeof(float));
+    assert_true(q && k && v && out);
+    tc_rng r;
+    tc_rng_seed(&r, 13);
+    tc_fill_uniform(q, (int64_t)nq, &r, -1, 1);
+    tc_fill_uniform(k, (int64_t)nk, &r, -1, 1);
+    tc_fill_uniform(v, (int64_t)nk, &r, -1, 1);
+    const int64_t key_lengths[3] = {1, S, S};
+    v[((1 * H + 0) * S + (S - 1)) * E + (E - 1)] = NAN; /* task 1: its very last value */
+    q[((2 * H + 0) * L + 0) * E + 0] = NAN;             /* task 2: its first query row */
+    sdpa_tensor tq = tc_view4(q, B, H, L, E), tk = tc_view4(k, B, H, S, E), tv = tc_view4(v, B, H, S, E);
+    sdpa_tensor to = tc_view4(out, B, H, L, E);
+    const char *want = "value row (b=1,h=0,j=32767)";
+    static const long delays_us[] = {0, 50, 200, 500, 1000, 2000};
+    static const sdpa_kernel kernels[] = {SDPA_KERNEL_TILED, SDPA_KERNEL_REFERENCE};
+    for (int rep = 0; rep < 3; ++rep) {
+        for (size_t d = 0; d < sizeof delays_us / sizeof delays_us[0]; ++d) {
+            for (size_t kk = 0; kk < sizeof kernels / sizeof kernels[0]; ++kk) {
+                sdpa_options o;
+                sdpa_options_init(&o);
+                o.kernel = kernels[kk];
+                o.key_lengths = key_lengths;
+                o.parallel_for = late_start_hook;
+                o.parallel_for_threads = 2;
+                g_late_delay_us = delays_us[d];
+                tc_fill_canary(out, nq * sizeof(float));
+                sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+                if (st != SDPA_ERR_NON_FINITE || strstr(sdpa_last_error_message(), want) == NULL) {
+                    fail_msg("kernel %d, job 0 %ld us late: %s \"%s\", expected SDPA_ERR_NON_FINITE naming %s",
+                             (int)kernels[kk], delays_us[d], sdpa_status_string(st), sdpa_last_error_message(), want);
+                }
+                assert_true(tc_is_canary(out, nq * sizeof(float)));
+            }
+        }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+}
+
 /* Rows float32 cannot carry although the inputs are finite are recomputed in double on every
  * path: an overflowing P.V sum, a softcap that would hide an overflowed dot product. */
 static void kernels_overflow_rows_fall_back_to_double(void **state)
@@ -1287,6 +1375,7 @@ int main(void)
         cmocka_unit_test(kernels_nonfinite_attended_row_fails_alike),
         cmocka_unit_test(kernels_first_failure_is_reported_for_any_thread_count),
         cmocka_unit_test(kernels_first_failure_wins_when_check_threads_overlap),
+        cmocka_unit_test(kernels_lowest_task_failure_wins_on_a_late_thread_zero),
         cmocka_unit_test(kernels_overflow_rows_fall_back_to_double),
         cmocka_unit_test(kernels_empty_and_padded_rows_are_exact),
         cmocka_unit_test(kernels_no_keys_give_empty_rows),
