@@ -1444,7 +1444,8 @@ static void sv_name(const sv_spec *sp, char *buf, size_t n) {
         snprintf(buf + len, n - (size_t)len, "-bs%lld", (long long)sp->block_size);
 }
 
-static int sv_selected(const char *name, const char *filter) {
+/* Whether a row name matches --shapes (comma-separated substrings; none = every row). */
+static int name_selected(const char *name, const char *filter) {
     if (!filter || !*filter)
         return 1;
     char tok[96];
@@ -2215,7 +2216,7 @@ static void sv_run_all(const config *cfg) {
     for (size_t i = 0; i < n; ++i) {
         char name[96];
         sv_name(&specs[i], name, sizeof name);
-        if (!sv_selected(name, cfg->shapes_filter))
+        if (!name_selected(name, cfg->shapes_filter))
             continue;
         for (int dt = 0; dt < DT_COUNT; ++dt)
             if (specs[i].dtypes & cfg->dtypes & DT_BIT(dt))
@@ -2300,24 +2301,9 @@ static int parse_dtypes(const char *arg, unsigned *out) {
 }
 
 static int shape_selected(const shape *s, const char *filter) {
-    if (!filter || !*filter)
-        return 1;
-    char name[96], tok[96];
+    char name[96];
     shape_name(s, name, sizeof name);
-    const char *p = filter;
-    while (*p) {
-        size_t n = strcspn(p, ",");
-        if (n > 0 && n < sizeof tok) {
-            memcpy(tok, p, n);
-            tok[n] = '\0';
-            if (strstr(name, tok))
-                return 1;
-        }
-        p += n;
-        if (*p == ',')
-            ++p;
-    }
-    return 0;
+    return name_selected(name, filter);
 }
 
 int main(int argc, char **argv) {
