@@ -1348,22 +1348,24 @@ static const sv_spec sv_smoke_specs[] = {
 
 typedef enum sv_var {
     SVP_DENSE, SVP_PAGED, SVP_BW, SVP_PACKED, SVP_PACKED_PAGED, SVP_PERSEQ, SVP_BLAS_PREFILL, SVP_BW_DECODE,
-    SVP_PLAIN, SVP_SINKS, SVP_ALIBI, SVP_BOTH, SVP_BUILTIN, SVP_POOL, SVP_COUNT
+    SVP_PLAIN, SVP_SINKS, SVP_ALIBI, SVP_BOTH, SVP_BUILTIN, SVP_POOL, SVP_BW_PAGED, SVP_COUNT
 } sv_var;
 static const char *const sv_var_names[SVP_COUNT] = {
     "dense", "paged", "bw-floor", "packed", "packed-paged", "per-seq", "blas-floor-prefill", "bw-floor-decode",
-    "plain", "sinks", "alibi", "sinks+alibi", "builtin", "threadpool"};
+    "plain", "sinks", "alibi", "sinks+alibi", "builtin", "threadpool", "bw-floor-paged"};
 
-static int sv_var_is_floor(sv_var v) { return v == SVP_BW || v == SVP_BLAS_PREFILL || v == SVP_BW_DECODE; }
+static int sv_var_is_floor(sv_var v) {
+    return v == SVP_BW || v == SVP_BLAS_PREFILL || v == SVP_BW_DECODE || v == SVP_BW_PAGED;
+}
 
 /* The candidates of each kind, in row order. */
 static int sv_vars_of(sv_kind kind, sv_var *out) {
-    static const sv_var paged[] = {SVP_DENSE, SVP_PAGED, SVP_BW};
+    static const sv_var paged[] = {SVP_DENSE, SVP_PAGED, SVP_BW, SVP_BW_PAGED};
     static const sv_var mixed[] = {SVP_PACKED, SVP_PACKED_PAGED, SVP_PERSEQ, SVP_BLAS_PREFILL, SVP_BW_DECODE};
     static const sv_var feat[] = {SVP_PLAIN, SVP_SINKS, SVP_ALIBI, SVP_BOTH};
     static const sv_var pool[] = {SVP_BUILTIN, SVP_POOL, SVP_BW};
     const sv_var *v = kind == SV_PAGED ? paged : kind == SV_MIXED ? mixed : kind == SV_SINKALIBI ? feat : pool;
-    int n = kind == SV_PAGED ? 3 : kind == SV_MIXED ? 5 : kind == SV_SINKALIBI ? 4 : 3;
+    int n = kind == SV_PAGED ? 4 : kind == SV_MIXED ? 5 : kind == SV_SINKALIBI ? 4 : 3;
     memcpy(out, v, (size_t)n * sizeof *v);
     return n;
 }
@@ -1602,6 +1604,36 @@ static void sv_bw_floor(const sv_seg *segs, int nseg, size_t elem, int threads) 
 
 static void sv_floor(sv_case *c, const sv_cand *k) {
     const size_t es = dtype_size(c->dt->kv);
+    if (k->var == SVP_BW_PAGED) {
+        /* The paged decode's own runs: per (sequence, kv head), per 8 blocks (128 keys at block
+         * size 16: the decode kernel's tile), the K block runs then the V block runs, in block
+         * table order, out of the pools; split in contiguous parts over the threads (the
+         * kernel's threads also walk far-apart kv heads). A plain read (no software prefetch) of
+         * the bytes a paged decode must read, as a paged pool lays them out: how the memory
+         * system serves these runs, next to bw-floor's contiguous read of the same bytes. */
+        const int64_t tb = c->bs > 0 && c->bs < 128 ? 128 / c->bs : 1;
+        size_t cap = 0;
+        for (int64_t r = 0; r < c->R; ++r)
+            cap += (size_t)(2 * c->Hkv * ((c->Sr[r] + c->bs - 1) / c->bs));
+        sv_seg *segs = (sv_seg *)xalloc((cap ? cap : 1) * sizeof *segs);
+        int n = 0;
+        const unsigned char *kp = (const unsigned char *)c->kpool, *vp = (const unsigned char *)c->vpool;
+        for (int64_t r = 0; r < c->R; ++r)
+            for (int64_t h = 0; h < c->Hkv; ++h) {
+                const int64_t nb = (c->Sr[r] + c->bs - 1) / c->bs;
+                for (int64_t j0 = 0; j0 < nb; j0 += tb)
+                    for (int t = 0; t < 2; ++t)
+                        for (int64_t j = j0; j < j0 + tb && j < nb; ++j) {
+                            const int64_t blk = c->table[r * c->max_blocks + j];
+                            const int64_t rows = c->Sr[r] - j * c->bs < c->bs ? c->Sr[r] - j * c->bs : c->bs;
+                            const size_t off = (size_t)(((blk * c->Hkv + h) * c->bs) * c->E) * es;
+                            segs[n++] = (sv_seg){(t ? vp : kp) + off, (size_t)(rows * c->E)};
+                        }
+            }
+        sv_bw_floor(segs, n, es, k->threads);
+        free(segs);
+        return;
+    }
     if (k->var == SVP_BW || k->var == SVP_BW_DECODE) {
         /* K then V of sequences [first, R): per KV head one contiguous run in either layout
          * (dense: all of them, contiguous; packed: the decode rows are the last sequences). */
@@ -1853,7 +1885,7 @@ static void sv_report(const sv_case *c, const sv_cand *k, const config *cfg) {
             mn = k->times[i] < mn ? k->times[i] : mn;
             mx = k->times[i] > mx ? k->times[i] : mx;
         }
-        if (k->var != SVP_BW && k->var != SVP_BW_DECODE) {
+        if (k->var != SVP_BW && k->var != SVP_BW_DECODE && k->var != SVP_BW_PAGED) {
             gfd = fd / (med * 1e6);
             gfe = (k->var == SVP_BLAS_PREFILL ? fd : fe) / (med * 1e6);
         }
@@ -2079,6 +2111,10 @@ static void sv_bench_case(const sv_spec *sp, const dtype_combo *dt, const config
                 break;
             case SVP_BW_DECODE:
                 snprintf(k->note, sizeof k->note, "decode_rows=%lld", (long long)(c.R - c.n_pre));
+                break;
+            case SVP_BW_PAGED:
+                snprintf(k->note, sizeof k->note, "runs=K_then_V_per_128_keys;block_size=%lld;order=random",
+                         (long long)c.bs);
                 break;
             case SVP_SINKS:
             case SVP_ALIBI:
