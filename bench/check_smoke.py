@@ -45,7 +45,7 @@ LIBRARY = ("reference", "tiled", "decode", "auto", "prev-0.3:tiled", "prev-0.3:d
 PREV = ("prev-0.3:tiled", "prev-0.3:auto")
 # Issue 10 serving cases (sdpa_bench.c, sv_vars_of): kind -> (library candidates, floors).
 SERVING = {
-    "paged": (("dense", "paged"), ("bw-floor",)),
+    "paged": (("dense", "paged"), ("bw-floor", "bw-floor-paged")),
     "mixed": (("packed", "packed-paged", "per-seq"), ("blas-floor-prefill", "bw-floor-decode")),
     "sinkalibi": (("plain", "sinks", "alibi", "sinks+alibi"), ()),
     "pool": (("builtin", "threadpool"), ("bw-floor",)),
