@@ -149,6 +149,19 @@ static void write_zero_row(const sdpa__plan *p, void *orow, float *lrow, float l
 
 /* Per-element rules for a tile: structure, allow-mask, bias (-inf blocks; added where allowed).
  * Blocked elements become -inf; used[t] = some lane may attend key ta + t; bad lanes flagged. */
+/* The ALiBi term on lanes [l0, l1) of a tile (keys j0 .. j0 + n - 1): rules.c gives its lane form,
+ * the micro-kernel applies it where it has a vector loop for it (the same bits either way). */
+static void alibi_lanes(const sdpa__plan *p, const sdpa__mk *mk, int64_t b, int64_t h, int64_t i0, const uint8_t *state,
+                        int64_t l0, int64_t l1, int64_t j0, int64_t n, float *s, int64_t ld) {
+    float sl[SDPA__ALIBI_LANES], lf[SDPA__ALIBI_LANES], base;
+    if (mk->lanes_sub_abs != NULL &&
+        sdpa__rule_alibi_lanes_form(&p->rules, b, h, i0, state, LANE_VALID, l0, l1, j0, n, sl, lf, &base)) {
+        mk->lanes_sub_abs(s + l0, ld, n, l1 - l0, sl, lf, base);
+        return;
+    }
+    sdpa__rule_alibi_add_lanes(&p->rules, b, h, i0, state, LANE_VALID, l0, l1, j0, n, s, ld);
+}
+
 static bool apply_rules(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, int64_t nl, const uint8_t *state,
                         const int32_t *lo, const int32_t *hi, int64_t ta, int64_t n, float *st, uint8_t *used,
                         int32_t *bad) {
@@ -333,8 +346,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                             for (int64_t t = 0; t < e0 - s0; ++t)
                                 mk->softcap(sc + t * nl, w, p->softcap);
                         if (p->rules.alibi_slopes != NULL) /* ALiBi (rules.c), a bias */
-                            sdpa__rule_alibi_add_lanes(&p->rules, b, h, i0, state, LANE_VALID, l0, l0 + w, s0, e0 - s0,
-                                                       st + (s0 - ta) * nl, nl);
+                            alibi_lanes(p, mk, b, h, i0, state, l0, l0 + w, s0, e0 - s0, st + (s0 - ta) * nl, nl);
                         mk->lanes_range_mask(sc, e0 - s0, w, nl, (int32_t)s0, lo + l0, hi + l0, bad + l0);
                     }
                     mk->lanes_softmax(sc, e0 - s0, w, nl, m + l0, alpha + l0, tsum + l0, NULL);
@@ -348,7 +360,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                 if (p->softcap > 0.0f)
                     mk->softcap(st, n * nl, p->softcap);
                 if (p->rules.alibi_slopes != NULL) /* ALiBi (rules.c), a bias */
-                    sdpa__rule_alibi_add_lanes(&p->rules, b, h, i0, state, LANE_VALID, 0, nl, ta, n, st, nl);
+                    alibi_lanes(p, mk, b, h, i0, state, 0, nl, ta, n, st, nl);
                 int32_t *check = bad;
                 if (tcl == SDPA__TILE_PARTIAL) {
                     all_used = apply_rules(p, b, h, i0, nl, state, lo, hi, ta, n, st, used, bad);

@@ -75,6 +75,11 @@ typedef struct sdpa__mk {
                            float *const *s);
     void (*axpy_rows_multi)(int64_t nr, float *const *o, int64_t nev, const float *alpha, const float *const *p,
                             const int32_t *idx, int64_t cnt, const float *v, ptrdiff_t vs);
+
+    /* Optional (NULL: rules.c's sdpa__rule_alibi_add_lanes). An ALiBi term in the lane form of
+     * rules.h sdpa__rule_alibi_lanes_form: s[t * ld + l] -= sl[l] * |(base - t) + lf[l]| for
+     * t < n, l < w (a multiply, then a subtract: the same bits as the rules.c loop). */
+    void (*lanes_sub_abs)(float *s, int64_t ld, int64_t n, int64_t w, const float *sl, const float *lf, float base);
 } sdpa__mk;
 
 /* The decode path's "rows" kernels on K/V rows as stored (0.5): base pointer k (v) of

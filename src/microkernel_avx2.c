@@ -458,4 +458,5 @@ const sdpa__mk sdpa__mk_avx2 = {
     sdpa__avx2_dot_rows, sdpa__avx2_row_max, sdpa__avx2_exp_sum, sdpa__avx2_axpy_rows, sdpa__avx2_all_finite,
     sdpa__avx2_pack_lanes, sdpa__avx2_unpack_lanes,
     NULL, NULL, /* no multi-row decode members: kernel_decode loops over the rows */
+    NULL,       /* ALiBi: rules.c's loop */
 };

@@ -633,12 +633,27 @@ static void z_unpack_lanes(const float *t, int64_t ld, int64_t nrows, int64_t nc
     z_transpose_scaled(t, (ptrdiff_t)ld, ncols, nrows, 1.0f, x, rs);
 }
 
+/* s[t * ld + l] -= sl[l] * |(base - t) + lf[l]|: multiply then subtract (no fused form), as the
+ * rules.c loop; masked loads and stores keep lanes >= w untouched. */
+static void z_lanes_sub_abs(float *s, int64_t ld, int64_t n, int64_t w, const float *sl, const float *lf, float base) {
+    for (int64_t t = 0; t < n; ++t) {
+        const __m512 bt = _mm512_set1_ps(base - (float)t);
+        float *row = s + t * ld;
+        for (int64_t l = 0; l < w; l += 16) {
+            const __mmask16 m = head16(w - l);
+            const __m512 d = _mm512_abs_ps(_mm512_add_ps(bt, _mm512_maskz_loadu_ps(m, lf + l)));
+            const __m512 term = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sl + l), d);
+            _mm512_mask_storeu_ps(row + l, m, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + l), term));
+        }
+    }
+}
+
 const sdpa__mk sdpa__mk_avx512 = {
     "tiled-avx512", "decode-avx512", "decode-split-avx512",
     z_lanes_gemm, sdpa__avx2_softcap, z_lanes_range_mask, z_lanes_softmax, 2 * SDPA__LANES,
     z_dot_rows, z_row_max, z_exp_sum, z_axpy_rows, z_all_finite,
     z_pack_lanes, z_unpack_lanes,
-    z_dot_rows_multi, z_axpy_rows_multi,
+    z_dot_rows_multi, z_axpy_rows_multi, z_lanes_sub_abs,
 };
 
 const sdpa__mk_kv sdpa__mk_kv_avx512[3] = {

@@ -186,6 +186,7 @@ const sdpa__mk sdpa__mk_portable = {
     p_dot_rows, p_row_max, p_exp_sum, p_axpy_rows, p_all_finite,
     p_pack_lanes, p_unpack_lanes,
     NULL, NULL, /* no multi-row decode members: kernel_decode loops over the rows */
+    NULL,       /* ALiBi: rules.c's loop */
 };
 
 bool sdpa__finite_strided(const sdpa__mk *mk, const float *x, int64_t n, int64_t stride) {

@@ -59,30 +59,40 @@ void sdpa__rule_alibi_add(const sdpa__rules *r, int64_t b, int64_t h, int64_t i,
     }
 }
 
-void sdpa__rule_alibi_add_lanes(const sdpa__rules *r, int64_t b, int64_t h, int64_t i0, const uint8_t *on,
-                                uint8_t on_value, int64_t l0, int64_t l1, int64_t j0, int64_t n, float *s, ptrdiff_t ld) {
+bool sdpa__rule_alibi_lanes_form(const sdpa__rules *r, int64_t b, int64_t h, int64_t i0, const uint8_t *on,
+                                 uint8_t on_value, int64_t l0, int64_t l1, int64_t j0, int64_t n, float *sl, float *lf,
+                                 float *base) {
     const float slope = sdpa__rule_alibi_slope(r, b, h);
-    if (slope == 0.0f || l1 <= l0 || n <= 0)
-        return;
+    if (l1 - l0 > SDPA__ALIBI_LANES || l1 <= l0 || n <= 0 || slope == 0.0f)
+        return false;
     const int64_t p0 = sdpa__rule_position(r, b, i0); /* row i0 + l sits at p0 + l (p is i + a constant) */
-    enum { LANES = 64 };
     const int64_t dmax = p0 + l1 - 1 - j0, dmin = p0 + l0 - (j0 + n - 1); /* the extremes of p - j */
     const int64_t big = (int64_t)1 << 24;
-    if (l1 - l0 <= LANES && dmax < big && dmax > -big && dmin < big && dmin > -big) {
-        /* every |p - j| is an integer below 2^24, exact in float: the same values as the row
-         * form, in a loop over contiguous lanes the compiler vectorises; a lane that is not
-         * on gets slope 0 (s - 0 * d = s) */
-        float sl[LANES], lf[LANES];
-        for (int64_t l = l0; l < l1; ++l) {
-            sl[l - l0] = on[l] == on_value ? slope : 0.0f;
-            lf[l - l0] = (float)(l - l0);
-        }
+    if (!(dmax < big && dmax > -big && dmin < big && dmin > -big))
+        return false;
+    /* every |p - j| is an integer below 2^24, exact in float: base - t + lf[l] is p - j exactly */
+    for (int64_t l = l0; l < l1; ++l) {
+        sl[l - l0] = on[l] == on_value ? slope : 0.0f;
+        lf[l - l0] = (float)(l - l0);
+    }
+    *base = (float)(p0 + l0 - j0);
+    return true;
+}
+
+void sdpa__rule_alibi_add_lanes(const sdpa__rules *r, int64_t b, int64_t h, int64_t i0, const uint8_t *on,
+                                uint8_t on_value, int64_t l0, int64_t l1, int64_t j0, int64_t n, float *s, ptrdiff_t ld) {
+    if (sdpa__rule_alibi_slope(r, b, h) == 0.0f || l1 <= l0 || n <= 0)
+        return;
+    float sl[SDPA__ALIBI_LANES], lf[SDPA__ALIBI_LANES], base;
+    if (sdpa__rule_alibi_lanes_form(r, b, h, i0, on, on_value, l0, l1, j0, n, sl, lf, &base)) {
+        /* the lane form in a loop over contiguous lanes the compiler vectorises; a lane that is
+         * not on has slope 0 (s - 0 * d = s). microkernel.h lanes_sub_abs computes the same. */
         const int64_t w = l1 - l0;
         for (int64_t t = 0; t < n; ++t) {
-            const float base = (float)(p0 + l0 - (j0 + t));
+            const float bt = base - (float)t;
             float *row = s + t * ld + l0;
             for (int64_t l = 0; l < w; ++l)
-                row[l] -= sl[l] * fabsf(base + lf[l]);
+                row[l] -= sl[l] * fabsf(bt + lf[l]);
         }
         return;
     }

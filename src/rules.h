@@ -109,6 +109,17 @@ void sdpa__rule_alibi_add(const sdpa__rules *r, int64_t b, int64_t h, int64_t i,
  * other lanes are left as they are. Bit-identical to sdpa__rule_alibi_add per row. */
 void sdpa__rule_alibi_add_lanes(const sdpa__rules *r, int64_t b, int64_t h, int64_t i0, const uint8_t *on,
                                 uint8_t on_value, int64_t l0, int64_t l1, int64_t j0, int64_t n, float *s, ptrdiff_t ld);
+/* The most lanes sdpa__rule_alibi_lanes_form takes. */
+#define SDPA__ALIBI_LANES 64
+/* The same term in a form a vector loop applies: true when every |p - j| of the tile is an
+ * integer below 2^24 (exact in float32) and there is a term (slope != 0, l0 < l1 <= l0 + 64,
+ * n > 0); then the term of lane l0 + l, key j0 + t is sl[l] * |base - t + lf[l]| (sl[l] = 0 for
+ * a lane that is not on; base - t + lf[l] = p - j exactly), and s -= that term is bit-identical
+ * to sdpa__rule_alibi_add_lanes (microkernel.h lanes_sub_abs). False: use
+ * sdpa__rule_alibi_add_lanes. sl and lf hold l1 - l0 floats. */
+bool sdpa__rule_alibi_lanes_form(const sdpa__rules *r, int64_t b, int64_t h, int64_t i0, const uint8_t *on,
+                                 uint8_t on_value, int64_t l0, int64_t l1, int64_t j0, int64_t n, float *sl, float *lf,
+                                 float *base);
 double sdpa__rule_alibi_term(const sdpa__rules *r, int64_t b, int64_t h, int64_t i, int64_t j);
 
 /* The whole rule for one pair, given the row's structural range [lo, hi): range, allow-mask,
