@@ -1335,6 +1335,7 @@ static const sv_spec sv_full_specs[] = {
     {SV_SINKALIBI, 1, 8, 8, 1024, 1024, 64, 0, 0, F32_ONLY},
     {SV_SINKALIBI, 1, 32, 32, 1, 4096, 128, 0, 0, F32_ONLY},
     {SV_POOL, 1, 32, 32, 1, 256, 128, 0, 0, F32_ONLY},
+    {SV_POOL, 1, 8, 8, 128, 128, 64, 0, 0, F32_ONLY}, /* the small prefill of the issue-9 scaling row */
 };
 
 static const sv_spec sv_smoke_specs[] = {

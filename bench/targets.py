@@ -468,6 +468,16 @@ def targets_issue10(bench_rows, n2=2):
         add(f"caller pool decode {name}: built-in / threadpool time ({n2}t)", v, "", "",
             f"the per-call thread start-up the pool saves; {fastest(name, 'builtin', 'threadpool')}",
             verdict=prob or "info")
+    # The small prefill of the issue-9 scaling row under a caller pool (threads already exist):
+    # what 2 threads buy once no thread is started per call (the cache is flushed before each call).
+    for s in shapes:
+        if s["kind"] == "pool" and (s["B"], s["H"], s["L"], s["S"], s["E"]) == (1, 8, 128, 128, 64):
+            name = s["name"]
+            t1, t2 = R.ms(name, "threadpool", "f32", 1), R.ms(name, "threadpool", "f32", n2)
+            b1, b2 = R.ms(name, "builtin", "f32", 1), R.ms(name, "builtin", "f32", n2)
+            add(f"small prefill {name} with a caller pool: t(1t) / t({n2}t)", t1 / t2 if t1 and t2 else None, "", "",
+                f"threadpool {fmt(t1, '.4f')} ms -> {fmt(t2, '.4f')} ms; built-in threads {fmt(b1, '.4f')} ms -> "
+                f"{fmt(b2, '.4f')} ms ({R.kernel(name, 'threadpool', 'f32', n2)})", verdict="info")
     return res
 
 
