@@ -1,7 +1,8 @@
 /* The library's own threads: one fork-join region per call, in phases of independent tasks
  * (the value checks, then the kernel's work items), run by the calling thread and the workers
  * started for the call; the same region runs on a caller's hook or pool.
- * No pool, no global state: threads are created for one call and joined before it returns. */
+ * No pool: threads are created for one call and joined before it returns. The one process-wide
+ * value is the measured cost of starting a thread (below), probed once like the CPU (cpu.c). */
 #include "internal.h"
 
 #include <pthread.h>
