@@ -454,7 +454,11 @@ typedef struct sdpa_options {
     /** Threads: 0 (default) = number of online CPUs; >= 1 = at most that many. The library
      *  runs its own threads over (batch, head, query block) and never changes process-wide
      *  state (BLAS thread count, environment). Results never depend on this value. With a
-     *  caller pool or hook (0.5: threadpool, parallel_for) it caps the pool's thread count. */
+     *  caller pool or hook (0.5: threadpool, parallel_for) it caps the pool's thread count.
+     *  A call starts a thread of its own only for work worth what starting one costs, which
+     *  the library measures once per process (create + join of an empty thread);
+     *  SDPA_THREAD_START_US=N (0..1000, microseconds) in the environment, read once, replaces
+     *  the measurement (0: the per-thread minimums of 0.5.0). */
     int32_t num_threads;
     /** Dropout RNG key (seed) and stream offset; see dropout_p. */
     uint64_t dropout_seed;

@@ -272,9 +272,9 @@ typedef struct sdpa__phase sdpa__phase;
 void sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph, int nph);
 /* How many times more work a thread must get before a call starts one of its own: the kernels'
  * and checks' per-thread minimums (written for about 20 us of work each) times this. 1 with a
- * caller's pool or hook (its threads exist); else the measured cost of starting and joining a
- * thread (once per process) over 20 us, in [1, 16]. Results never depend on it (they are the
- * same for every thread count). */
+ * caller's pool or hook (its threads exist); else the cost of starting and joining a thread
+ * (measured once per process, or SDPA_THREAD_START_US) over 20 us, in [1, 16]. Results never
+ * depend on it (they are the same for every thread count). */
 double sdpa__thread_work_scale(const sdpa__exec *ex);
 /* threadpool.c: run job(ctx, k) for k in [0, njobs), njobs <= sdpa_threadpool_size(pool), one
  * per pool thread (job 0 on the calling thread); returns when all are done. Serialized. */

@@ -1,0 +1,139 @@
+/* The thread start-up rule (threads.c sdpa__thread_work_scale): a call starts a thread of its
+ * own only for work worth what starting one costs. The cost comes from SDPA_THREAD_START_US,
+ * set here before the first call from argv[1] (read once per process; "measure" leaves it
+ * unset, so the library probes it). pthread_create is interposed to count the library's threads.
+ *   test_thread_start 1000     the largest cost: a small call runs on the calling thread alone,
+ *                              a large one still starts threads; a caller pool is always used
+ *   test_thread_start 0        no cost: the small call starts its thread (0.5.0's rule)
+ *   test_thread_start measure  the probe: whatever it measured, the results are the same
+ *   test_thread_start abc      not a number in [0, 1000]: ignored, so the library probes
+ * Every call's output must equal, bit for bit, the same call with num_threads = 1. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdpa.h"
+
+static _Atomic long g_creates;
+
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg) {
+    typedef int (*real_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    static real_fn real;
+    if (real == NULL) {
+        void *sym = dlsym(RTLD_NEXT, "pthread_create");
+        memcpy(&real, &sym, sizeof real); /* POSIX: dlsym's result may be used as a function pointer */
+    }
+    g_creates++;
+    return real(t, a, fn, arg);
+}
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                                              \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                       \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fputc('\n', stderr);                                                                                       \
+            ++failures;                                                                                                \
+        }                                                                                                              \
+    } while (0)
+
+typedef struct shape {
+    const char *name;
+    int64_t B, H, L, S, E;
+} shape;
+
+/* One call of the shape at num_threads (pool: through it); returns the library's thread
+ * creations during the call; out gets the result. */
+static long run(const shape *sh, const float *q, const float *k, const float *v, float *out, int threads,
+                sdpa_threadpool *pool) {
+    const int64_t qs[4] = {sh->B, sh->H, sh->L, sh->E}, ks[4] = {sh->B, sh->H, sh->S, sh->E};
+    sdpa_tensor tq, tk, tv, to;
+    if (sdpa_tensor_init(&tq, (float *)q, 4, qs) != SDPA_OK || sdpa_tensor_init(&tk, (float *)k, 4, ks) != SDPA_OK ||
+        sdpa_tensor_init(&tv, (float *)v, 4, ks) != SDPA_OK || sdpa_tensor_init(&to, out, 4, qs) != SDPA_OK) {
+        CHECK(0, "%s: tensor init: %s", sh->name, sdpa_last_error_message());
+        return -1;
+    }
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.num_threads = threads;
+    o.threadpool = pool;
+    o.causal = 1;
+    o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    g_creates = 0;
+    const sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+    CHECK(st == SDPA_OK, "%s: %s", sh->name, sdpa_last_error_message());
+    return g_creates;
+}
+
+static float *filled(size_t n, unsigned seed) {
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; ++i) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = (float)((seed >> 8) & 0xffff) / 65536.0f - 0.5f;
+    }
+    return x;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "measure";
+    if (strcmp(mode, "measure") == 0)
+        unsetenv("SDPA_THREAD_START_US");
+    else
+        setenv("SDPA_THREAD_START_US", mode, 1);
+    const int high = strcmp(mode, "1000") == 0, zero = strcmp(mode, "0") == 0;
+    char *end = NULL;
+    const double us = strtod(mode, &end);
+    const int probes = !(end != mode && *end == '\0' && us >= 0.0 && us <= 1000.0); /* else ignored */
+    /* small prefill: 34 MFLOP (above 2 x 4 MFLOP per thread, below 2 x 16 x 4); decode: 8 MB of
+     * K/V (above 2 x 2 MB per thread, below 2 x 16 x 2 MB); large: 268 MFLOP (above 2 x 16 x 4) */
+    const shape shapes[] = {
+        {"small prefill (1,8,128,128,64)", 1, 8, 128, 128, 64},
+        {"small decode (1,8,1,2048,64)", 1, 8, 1, 2048, 64},
+        {"large prefill (2,8,256,256,64)", 2, 8, 256, 256, 64},
+    };
+    /* The first call that plans threads probes the start-up cost (3 empty threads) unless the
+     * environment gave it; no later call probes again. */
+    {
+        const shape warm = {"warm-up (1,1,8,8,8)", 1, 1, 8, 8, 8};
+        float *x = filled(64, 3u), *y = calloc(64, sizeof *y);
+        const long first = run(&warm, x, x, x, y, 1, NULL), again = run(&warm, x, x, x, y, 1, NULL);
+        CHECK(first == (probes ? 3 : 0), "the first call created %ld threads", first);
+        CHECK(again == 0, "a second call created %ld threads (the probe runs once)", again);
+        free(x);
+        free(y);
+    }
+    sdpa_threadpool *pool = NULL;
+    CHECK(sdpa_threadpool_create(2, &pool) == SDPA_OK, "pool: %s", sdpa_last_error_message());
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; ++c) {
+        const shape *sh = &shapes[c];
+        const size_t nq = (size_t)(sh->B * sh->H * sh->L * sh->E), nk = (size_t)(sh->B * sh->H * sh->S * sh->E);
+        float *q = filled(nq, 1u + (unsigned)c), *k = filled(nk, 7u), *v = filled(nk, 11u);
+        float *o1 = calloc(nq, sizeof *o1), *o2 = calloc(nq, sizeof *o2), *op = calloc(nq, sizeof *op);
+        const long c1 = run(sh, q, k, v, o1, 1, NULL);
+        const long c2 = run(sh, q, k, v, o2, 2, NULL);
+        const long cp = run(sh, q, k, v, op, 2, pool);
+        CHECK(c1 == 0, "%s: num_threads=1 created %ld threads", sh->name, c1);
+        CHECK(cp == 0, "%s: a caller pool call created %ld threads", sh->name, cp);
+        CHECK(memcmp(o1, o2, nq * sizeof *o1) == 0, "%s: 2 threads differ from 1", sh->name);
+        CHECK(memcmp(o1, op, nq * sizeof *o1) == 0, "%s: the pool differs from 1 thread", sh->name);
+        if (high && c < 2)
+            CHECK(c2 == 0, "%s at a start cost of 1 ms: %ld threads created (the work cannot pay for one)", sh->name,
+                  c2);
+        if ((high && c == 2) || zero)
+            CHECK(c2 >= 1, "%s at a start cost of %s us: no thread created", sh->name, mode);
+        printf("%s: start cost %s: num_threads=2 created %ld thread(s)\n", sh->name, mode, c2);
+        free(q); free(k); free(v); free(o1); free(o2); free(op);
+    }
+    sdpa_threadpool_destroy(pool);
+    if (failures == 0)
+        printf("ok\n");
+    return failures == 0 ? 0 : 1;
+}
