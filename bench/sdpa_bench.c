@@ -1421,6 +1421,8 @@ typedef struct sv_case {
     void *kpool, *vpool;          /* paged: [num_blocks, Hkv, bs, E] */
     int32_t *table;
     int64_t num_blocks, max_blocks, bs;
+    struct sv_seg *pseg;          /* bw-floor-paged: the block runs, built once (not timed) */
+    int npseg;
     float *sinks, *slopes;
     float *scores, *floor_out;    /* the BLAS floor's buffers */
     void *ref_out[4];
@@ -1612,6 +1614,10 @@ static void sv_floor(sv_case *c, const sv_cand *k) {
          * kernel's threads also walk far-apart kv heads). A plain read (no software prefetch) of
          * the bytes a paged decode must read, as a paged pool lays them out: how the memory
          * system serves these runs, next to bw-floor's contiguous read of the same bytes. */
+        if (c->pseg != NULL) {
+            sv_bw_floor(c->pseg, c->npseg, es, k->threads);
+            return;
+        }
         const int64_t tb = c->bs > 0 && c->bs < 128 ? 128 / c->bs : 1;
         size_t cap = 0;
         for (int64_t r = 0; r < c->R; ++r)
@@ -1631,8 +1637,9 @@ static void sv_floor(sv_case *c, const sv_cand *k) {
                             segs[n++] = (sv_seg){(t ? vp : kp) + off, (size_t)(rows * c->E)};
                         }
             }
+        c->pseg = segs; /* the first call (the untimed warm-up) builds the list */
+        c->npseg = n;
         sv_bw_floor(segs, n, es, k->threads);
-        free(segs);
         return;
     }
     if (k->var == SVP_BW || k->var == SVP_BW_DECODE) {
@@ -2049,6 +2056,7 @@ static void sv_free(sv_case *c) {
     free(c->kpool);
     free(c->vpool);
     free(c->table);
+    free(c->pseg);
     free(c->sinks);
     free(c->slopes);
     free(c->scores);
