@@ -48,7 +48,7 @@ SERVING = {
     "paged": (("dense", "paged"), ("bw-floor", "bw-floor-paged")),
     "mixed": (("packed", "packed-paged", "per-seq"), ("blas-floor-prefill", "bw-floor-decode")),
     "sinkalibi": (("plain", "sinks", "alibi", "sinks+alibi"), ()),
-    "pool": (("builtin", "threadpool"), ("bw-floor",)),
+    "pool": (("builtin", "threadpool", "threadpool-warm"), ("bw-floor",)),
 }
 
 
@@ -91,7 +91,7 @@ def check_serving_row(row, c, where, not_run):
     for field in row["note"].split(";"):
         if field.startswith("same_bits_as_") and not field.endswith("=1"):
             fail(f"{where}: the library promises the same bits as another row ({field})")
-    if row["path"] in ("paged", "packed", "packed-paged", "threadpool") and "same_bits_as_" not in row["note"]:
+    if row["path"] in ("paged", "packed", "packed-paged", "threadpool", "threadpool-warm") and "same_bits_as_" not in row["note"]:
         fail(f"{where}: no bit-for-bit comparison in the note ({row['note']})")
     return 1
 

@@ -1093,6 +1093,14 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_alibi_slopes(int64_t H, float max_bias,
  * one after the other (serialized by a mutex; each still gets the whole pool). For concurrent
  * calls that should not wait, give each application thread its own pool. A task never calls
  * back into the library, so there is no nesting.
+ * Waiting (like OpenMP's OMP_WAIT_POLICY / GOMP_SPINCOUNT and ggml's threadpool poll level): a
+ * worker that finished its job polls for the next call for SDPA_POOL_SPIN_US microseconds
+ * before it sleeps, and the calling thread polls as long for its workers before it sleeps, so
+ * back-to-back calls (one per layer) find the workers awake; a polling thread keeps its CPU
+ * busy meanwhile (with more threads than online CPUs the polls yield it). The environment's
+ * SDPA_POOL_SPIN_US (a decimal 0..100000) is read when the pool is created; unset or invalid:
+ * 200 (about what waking a sleeping thread costs on a VM whose other vCPU idles); 0 sleeps at
+ * once, as 0.5.0 did. Results never depend on it.
  * @param nthreads 1..256 (1 = no worker thread: calls run on the calling thread)
  * @param out      [out] the pool; set only on success
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER (out), SDPA_ERR_INVALID_ARGUMENT (nthreads),

@@ -789,6 +789,69 @@ static void pool_shared_by_threads(void **state) {
     prob_free(&P);
 }
 
+/* Process CPU time in ms (every thread of it). */
+static double cpu_ms_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+/* How a pool waits (SDPA_POOL_SPIN_US, read at sdpa_threadpool_create): workers poll for the
+ * next call that long, then sleep. Every policy gives the 1-thread bits, for calls back to back
+ * and calls far enough apart that the workers sleep in between (the wake-up path), with more
+ * threads than CPUs too (polls yield); the polling is observable: with 100 ms the idle worker
+ * burns CPU time while the caller sleeps, with 0 it does not. */
+static void pool_wait_policies(void **state) {
+    (void)state;
+    prob P;
+    prob_init(&P, 1, 8, 8, 1, 2048, 64, 64); /* 8 MiB of K/V: decode takes 2+ threads of a pool */
+    P.use_sinks = 1;
+    const int64_t no = P.B * P.Hq * P.L * P.Ev, nl = P.B * P.Hq * P.L;
+    float *want = fbuf(no), *o = fbuf(no), *l = fbuf(nl);
+    runcfg r1 = {.kernel = SDPA_KERNEL_DECODE, .threads = 1};
+    assert_int_equal(run(&P, &r1, want, l), SDPA_OK);
+    const char *const spins[] = {"0", "3", "100000", "abc", "-1", "100001", ""};
+    const int sizes[] = {2, 5};
+    const char *old = getenv("SDPA_POOL_SPIN_US");
+    char *saved = old != NULL ? strdup(old) : NULL;
+    for (size_t i = 0; i < sizeof spins / sizeof spins[0]; ++i)
+        for (size_t n = 0; n < 2; ++n) {
+            setenv("SDPA_POOL_SPIN_US", spins[i], 1);
+            sdpa_threadpool *pool = NULL;
+            assert_int_equal(sdpa_threadpool_create(sizes[n], &pool), SDPA_OK);
+            for (int it = 0; it < 24; ++it) {
+                runcfg rc = {.kernel = it % 3 != 1 ? SDPA_KERNEL_DECODE : SDPA_KERNEL_TILED, .pool = pool};
+                memset(o, 0xff, (size_t)no * sizeof(float));
+                assert_int_equal(run(&P, &rc, o, l), SDPA_OK);
+                if (rc.kernel == SDPA_KERNEL_DECODE && memcmp(o, want, (size_t)no * sizeof(float)) != 0)
+                    fail_msg("SDPA_POOL_SPIN_US=%s, pool of %d: call %d differs from 1 thread", spins[i], sizes[n], it);
+                if (rc.kernel == SDPA_KERNEL_TILED)
+                    expect_close(&P, o, l, 2e-5, "tiled on a pool");
+                if (it % 8 == 7) { /* longer than a 3 us poll: the workers go to sleep */
+                    const struct timespec ts = {0, 2000000};
+                    nanosleep(&ts, NULL);
+                }
+            }
+            if (n == 0 && (strcmp(spins[i], "0") == 0 || strcmp(spins[i], "100000") == 0)) {
+                const double c0 = cpu_ms_now();
+                const struct timespec ts = {0, 60000000};
+                nanosleep(&ts, NULL); /* the caller sleeps 60 ms right after a call */
+                const double used = cpu_ms_now() - c0;
+                if (spins[i][0] == '0' ? used > 15.0 : used < 15.0)
+                    fail_msg("SDPA_POOL_SPIN_US=%s: the idle pool used %.1f ms of CPU in 60 ms", spins[i], used);
+            }
+            sdpa_threadpool_destroy(pool);
+        }
+    if (saved != NULL) {
+        setenv("SDPA_POOL_SPIN_US", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("SDPA_POOL_SPIN_US");
+    }
+    free(want); free(o); free(l);
+    prob_free(&P);
+}
+
 static void pool_and_hook_arguments(void **state) {
     (void)state;
     sdpa_threadpool *pool = (sdpa_threadpool *)(uintptr_t)1;
@@ -829,6 +892,7 @@ int main(void) {
         cmocka_unit_test(bad_sink_and_slope_arguments),
         cmocka_unit_test(pools_bit_identical_and_create_no_thread),
         cmocka_unit_test(pool_shared_by_threads),
+        cmocka_unit_test(pool_wait_policies),
         cmocka_unit_test(pool_and_hook_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
