@@ -855,6 +855,44 @@ static void kernels_nonfinite_attended_row_fails_alike(void **state)
     }
 }
 
+/* q [B, H, L, E], k and v [B, H, S, E], out like q: uniform in [-1, 1) from seed (out unset);
+ * free with free_qkvo(). */
+typedef struct qkvo {
+    float *q, *k, *v, *out;
+    size_t nq, nk;
+    sdpa_tensor tq, tk, tv, to;
+} qkvo;
+
+static qkvo make_qkvo(int64_t B, int64_t H, int64_t L, int64_t S, int64_t E, uint64_t seed)
+{
+    qkvo x;
+    x.nq = (size_t)(B * H * L * E);
+    x.nk = (size_t)(B * H * S * E);
+    x.q = malloc(x.nq * sizeof(float));
+    x.k = malloc(x.nk * sizeof(float));
+    x.v = malloc(x.nk * sizeof(float));
+    x.out = malloc(x.nq * sizeof(float));
+    assert_true(x.q && x.k && x.v && x.out);
+    tc_rng r;
+    tc_rng_seed(&r, seed);
+    tc_fill_uniform(x.q, (int64_t)x.nq, &r, -1, 1);
+    tc_fill_uniform(x.k, (int64_t)x.nk, &r, -1, 1);
+    tc_fill_uniform(x.v, (int64_t)x.nk, &r, -1, 1);
+    x.tq = tc_view4(x.q, B, H, L, E);
+    x.tk = tc_view4(x.k, B, H, S, E);
+    x.tv = tc_view4(x.v, B, H, S, E);
+    x.to = tc_view4(x.out, B, H, L, E);
+    return x;
+}
+
+static void free_qkvo(qkvo *x)
+{
+    free(x->q);
+    free(x->k);
+    free(x->v);
+    free(x->out);
+}
+
 /* The value checks run on several threads for large inputs; whatever the thread count and the
  * path, the failure reported is the first one in sequential (b, kv head) order: a NaN in an
  * attended key row of (b=0, h=2), then one in a value row of (b=0, h=3), then the empty rows of
@@ -863,20 +901,13 @@ static void kernels_first_failure_is_reported_for_any_thread_count(void **state)
 {
     (void)state;
     const int64_t B = 2, H = 4, L = 3, S = 4096, E = 64;
-    const size_t nq = (size_t)(B * H * L * E), nk = (size_t)(B * H * S * E);
-    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
-    float *out = malloc(nq * sizeof(float));
-    assert_true(q && k && v && out);
-    tc_rng r;
-    tc_rng_seed(&r, 11);
-    tc_fill_uniform(q, (int64_t)nq, &r, -1, 1);
-    tc_fill_uniform(k, (int64_t)nk, &r, -1, 1);
-    tc_fill_uniform(v, (int64_t)nk, &r, -1, 1);
+    qkvo x = make_qkvo(B, H, L, S, E, 11);
+    float *k = x.k, *v = x.v, *out = x.out;
+    const size_t nq = x.nq;
     k[((0 * H + 2) * S + 4000) * E + 1] = NAN;
     v[((0 * H + 3) * S + 10) * E + 5] = NAN;
     int64_t kl[2] = {S, 0};
-    sdpa_tensor tq = tc_view4(q, B, H, L, E), tk = tc_view4(k, B, H, S, E), tv = tc_view4(v, B, H, S, E);
-    sdpa_tensor to = tc_view4(out, B, H, L, E);
+    const sdpa_tensor tq = x.tq, tk = x.tk, tv = x.tv, to = x.to;
     static const char *const wants[3] = {"key row (b=0,h=2,j=4000)", "value row (b=0,h=3,j=10)",
                                          "query row (b=1,h=0,i=0) has no allowed key"};
     for (int round = 0; round < 3; ++round) {
@@ -909,10 +940,7 @@ static void kernels_first_failure_is_reported_for_any_thread_count(void **state)
             v[((0 * H + 3) * S + 10) * E + 5] = 0.5f;
         }
     }
-    free(q);
-    free(k);
-    free(v);
-    free(out);
+    free_qkvo(&x);
 }
 
 /* First-failure order when check threads really overlap: 4 batch tasks scan 32768 key and
@@ -925,19 +953,12 @@ static void kernels_first_failure_wins_when_check_threads_overlap(void **state)
 {
     (void)state;
     const int64_t B = 4, H = 1, L = 4, S = 32768, E = 32;
-    const size_t nq = (size_t)(B * H * L * E), nk = (size_t)(B * H * S * E);
-    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
-    float *out = malloc(nq * sizeof(float));
-    assert_true(q && k && v && out);
-    tc_rng r;
-    tc_rng_seed(&r, 12);
-    tc_fill_uniform(q, (int64_t)nq, &r, -1, 1);
-    tc_fill_uniform(k, (int64_t)nk, &r, -1, 1);
-    tc_fill_uniform(v, (int64_t)nk, &r, -1, 1);
+    qkvo x = make_qkvo(B, H, L, S, E, 12);
+    float *q = x.q, *v = x.v, *out = x.out;
+    const size_t nq = x.nq;
     v[((2 * H + 0) * S + (S - 1)) * E + (E - 1)] = NAN; /* task 2: its very last value */
     q[((3 * H + 0) * L + 0) * E + 0] = NAN;             /* task 3: its first query row */
-    sdpa_tensor tq = tc_view4(q, B, H, L, E), tk = tc_view4(k, B, H, S, E), tv = tc_view4(v, B, H, S, E);
-    sdpa_tensor to = tc_view4(out, B, H, L, E);
+    const sdpa_tensor tq = x.tq, tk = x.tk, tv = x.tv, to = x.to;
     const char *want = "value row (b=2,h=0,j=32767)";
     for (int rep = 0; rep < 6; ++rep) {
         for (int kk = 0; kk < N_PATHS; ++kk) {
@@ -958,10 +979,7 @@ static void kernels_first_failure_wins_when_check_threads_overlap(void **state)
             }
         }
     }
-    free(q);
-    free(k);
-    free(v);
-    free(out);
+    free_qkvo(&x);
 }
 
 /* The same rule with the schedule steered by a parallel_for hook, so the overlap does not hang on
@@ -1007,20 +1025,13 @@ static void kernels_lowest_task_failure_wins_on_a_late_thread_zero(void **state)
 {
     (void)state;
     const int64_t B = 3, H = 1, L = 4, S = 32768, E = 32;
-    const size_t nq = (size_t)(B * H * L * E), nk = (size_t)(B * H * S * E);
-    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
-    float *out = malloc(nq * sizeof(float));
-    assert_true(q && k && v && out);
-    tc_rng r;
-    tc_rng_seed(&r, 13);
-    tc_fill_uniform(q, (int64_t)nq, &r, -1, 1);
-    tc_fill_uniform(k, (int64_t)nk, &r, -1, 1);
-    tc_fill_uniform(v, (int64_t)nk, &r, -1, 1);
+    qkvo x = make_qkvo(B, H, L, S, E, 13);
+    float *q = x.q, *v = x.v, *out = x.out;
+    const size_t nq = x.nq;
     const int64_t key_lengths[3] = {1, S, S};
     v[((1 * H + 0) * S + (S - 1)) * E + (E - 1)] = NAN; /* task 1: its very last value */
     q[((2 * H + 0) * L + 0) * E + 0] = NAN;             /* task 2: its first query row */
-    sdpa_tensor tq = tc_view4(q, B, H, L, E), tk = tc_view4(k, B, H, S, E), tv = tc_view4(v, B, H, S, E);
-    sdpa_tensor to = tc_view4(out, B, H, L, E);
+    const sdpa_tensor tq = x.tq, tk = x.tk, tv = x.tv, to = x.to;
     const char *want = "value row (b=1,h=0,j=32767)";
     static const long delays_us[] = {0, 50, 200, 500, 1000, 2000};
     static const sdpa_kernel kernels[] = {SDPA_KERNEL_TILED, SDPA_KERNEL_REFERENCE};
@@ -1044,10 +1055,7 @@ static void kernels_lowest_task_failure_wins_on_a_late_thread_zero(void **state)
             }
         }
     }
-    free(q);
-    free(k);
-    free(v);
-    free(out);
+    free_qkvo(&x);
 }
 
 /* Rows float32 cannot carry although the inputs are finite are recomputed in double on every
