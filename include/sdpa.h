@@ -138,7 +138,8 @@ SDPA_API const char *sdpa_last_error_message(void);
  *         suffix follows: the dtype of K and V ("-f16", "-bf16"; "-f32" for a float32 cache
  *         with a reduced q; "-mixed" when K and V differ), e.g. "decode-avx2-f16",
  *         "reference-bf16". Float32 q, k and v keep the suffix-less 0.3 names. "none" when
- *         the call had no query row.
+ *         the call had no query row. A packed batch (cu_seqlens_q) names the kernel of its
+ *         last sequence (its sequences may run on different kernels).
  */
 SDPA_API const char *sdpa_last_kernel(void);
 
@@ -1095,12 +1096,18 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_alibi_slopes(int64_t H, float max_bias,
  * back into the library, so there is no nesting.
  * Waiting (like OpenMP's OMP_WAIT_POLICY / GOMP_SPINCOUNT and ggml's threadpool poll level): a
  * worker that finished its job polls for the next call for SDPA_POOL_SPIN_US microseconds
- * before it sleeps, and the calling thread polls as long for its workers before it sleeps, so
- * back-to-back calls (one per layer) find the workers awake; a polling thread keeps its CPU
- * busy meanwhile (with more threads than online CPUs the polls yield it). The environment's
- * SDPA_POOL_SPIN_US (a decimal 0..100000) is read when the pool is created; unset or invalid:
- * 200 (about what waking a sleeping thread costs on a VM whose other vCPU idles); 0 sleeps at
- * once, as 0.5.0 did. Results never depend on it.
+ * before it sleeps, and the calling thread polls up to as long for its workers before it
+ * sleeps, so back-to-back calls (one per layer) find the workers awake; a polling thread keeps
+ * its CPU busy meanwhile. It backs off where polling cannot pay: a pool of more threads than
+ * online CPUs never polls; a worker that was preempted (another thread wanted its CPU) stops
+ * polling for 20 ms to 640 ms; the caller's poll shrinks while its workers keep finishing after
+ * it. SDPA_POOL_SPIN_US, read from the environment when the pool is created: decimal digits
+ * only, 0..100000; unset or anything else: 200 (about what waking a sleeping thread costs on a
+ * VM whose other vCPU idles); 0 sleeps at once, as 0.5.0 did (for machines shared with other
+ * busy processes). Results never depend on it.
+ * fork(): the workers do not exist in a child process. A call there on a pool created before
+ * the fork runs on the calling thread alone (same results); sdpa_threadpool_destroy() there
+ * only frees the memory. Create a new pool in the child for threads.
  * @param nthreads 1..256 (1 = no worker thread: calls run on the calling thread)
  * @param out      [out] the pool; set only on success
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER (out), SDPA_ERR_INVALID_ARGUMENT (nthreads),
