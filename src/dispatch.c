@@ -22,7 +22,18 @@ static const sdpa__mk *const g_tables[SDPA__ISA_COUNT][SDPA__MK_DTYPE_COUNT] = {
 static const sdpa__mk_bf16 g_mk_avx512bf16 = {"tiled-avx512bf16", "decode-avx512bf16", "decode-split-avx512bf16",
                                               sdpa__bf16_dot_rows_avx512bf16, sdpa__bf16_lanes_scores_pairs_avx512bf16,
                                               sdpa__bf16_lanes_pv_avx512bf16, sdpa__bf16_pack_p_avx512bf16,
-                                              sdpa__bf16_pack_v_avx512bf16};
+                                              sdpa__bf16_pack_v_avx512bf16, NULL, NULL, false, NULL, 0, 0};
+#endif
+#if defined(SDPA_HAVE_MK_AMX) && defined(SDPA_HAVE_MK_AVX512BF16) && defined(SDPA_HAVE_AVX512)
+/* AMX-BF16 for the tiled kernel's products; its decode members are the AVX512-BF16 ones. */
+_Static_assert(SDPA__AMX_VP_LD * 2 == SDPA__AMX_TILE_K, "a packed value column holds one key tile's pairs");
+static const sdpa__mk_bf16 g_mk_amx = {"tiled-amx-bf16",        "decode-avx512bf16",
+                                       "decode-split-avx512bf16", sdpa__bf16_dot_rows_avx512bf16,
+                                       sdpa__amx_lanes_scores,  sdpa__amx_lanes_pv,
+                                       sdpa__amx_pack_p,        sdpa__amx_pack_v,
+                                       sdpa__amx_begin,         sdpa__amx_end,
+                                       true,                    sdpa__amx_softmax_pack,
+                                       SDPA__AMX_TILE_Q,        SDPA__AMX_TILE_K};
 #endif
 /* [isa] of the bf16 column; NULL where there is none. */
 static const sdpa__mk_bf16 *const g_bf16_tables[SDPA__ISA_COUNT] = {
@@ -35,6 +46,8 @@ static once_flag g_once = ONCE_FLAG_INIT;
 static sdpa__isa g_cpu_isa = SDPA__ISA_PORTABLE;     /* best the CPU (and the build) supports */
 static sdpa__isa g_process_isa = SDPA__ISA_PORTABLE; /* g_cpu_isa capped by SDPA_MAX_ISA */
 static atomic_int g_test_cap = -1;                   /* sdpa__dispatch_set_max_isa_for_testing */
+static bool g_process_amx = true;                    /* SDPA_MAX_ISA unset or "amx" */
+static atomic_int g_test_amx = 1;                    /* sdpa__dispatch_set_amx_for_testing */
 
 /* The best level of the micro-kernel tables this build has and the CPU runs (cpu.h's one
  * CPUID/XGETBV read: AVX2 needs AVX2 + FMA + F16C, AVX512 also AVX-512 F/BW/VL). */
@@ -59,6 +72,9 @@ static void detect(void) {
         g_process_isa = SDPA__ISA_PORTABLE;
     else if (cap != NULL && strcmp(cap, "avx2") == 0 && g_process_isa > SDPA__ISA_AVX2)
         g_process_isa = SDPA__ISA_AVX2;
+    /* "avx512" (or lower) leaves AMX out; "amx", unset or another value does not */
+    g_process_amx = !(cap != NULL && (strcmp(cap, "portable") == 0 || strcmp(cap, "avx2") == 0 ||
+                                      strcmp(cap, "avx512") == 0));
 }
 
 sdpa__isa sdpa__dispatch_isa(void) {
@@ -105,4 +121,28 @@ const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16(void) {
     if (!sdpa__cpu_features()->avx512bf16)
         return NULL;
     return g_bf16_tables[isa];
+}
+
+void sdpa__dispatch_set_amx_for_testing(int allow) {
+    atomic_store_explicit(&g_test_amx, allow != 0, memory_order_relaxed);
+}
+
+const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16_tiled(int64_t E, int64_t Ev) {
+    const sdpa__mk_bf16 *col = sdpa__dispatch_mk_bf16();
+#if defined(SDPA_HAVE_MK_AMX) && defined(SDPA_HAVE_MK_AVX512BF16) && defined(SDPA_HAVE_AVX512)
+    if (col == NULL || sdpa__dispatch_isa() != SDPA__ISA_AVX512 || !g_process_amx ||
+        !atomic_load_explicit(&g_test_amx, memory_order_relaxed))
+        return col;
+    if (E % 32 != 0 || E > SDPA__AMX_MAX_E || Ev % 16 != 0)
+        return col;
+    /* the cap was checked first: the question to Linux (one syscall until it says yes) is
+     * asked only for calls that would use the column */
+    if (!sdpa_amx_available())
+        return col;
+    return &g_mk_amx;
+#else
+    (void)E;
+    (void)Ev;
+    return col;
+#endif
 }

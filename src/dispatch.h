@@ -41,14 +41,42 @@ typedef struct sdpa__mk_bf16 {
                          int64_t nk, float scale, float *st, int64_t ld);
     /* The tiled kernel's bf16 P.V (bf16 V, REDUCED): probabilities rounded and packed in key
      * pairs, value rows packed in key pairs, the pair product (microkernel_bf16.h). */
-    void (*lanes_pv)(int64_t nev, int64_t np, const uint32_t *vp, const uint32_t *pp, int64_t ldp, float *o,
+    void (*lanes_pv)(int64_t nev, int64_t tp0, int64_t np, const uint32_t *vp, const uint32_t *pp, int64_t ldp, float *o,
                      const float *beta, int64_t w, int64_t ld);
     void (*pack_p)(const float *st, int64_t ld, int64_t n, int64_t w, uint32_t *pp, int64_t ldp);
     void (*pack_v)(const uint16_t *v, ptrdiff_t vs, const int32_t *idx, int64_t n, int64_t nev, uint32_t *vp);
+    /* Optional (NULL: none): called by a thread before its first and after its last use of the
+     * column's tiled members in a work item (AMX: tile configuration and release). */
+    void (*begin)(void);
+    void (*end)(void);
+    /* lanes_pv computes only whole tiles (tp0 = 0, every pair of pack_v's): the tiled kernel
+     * then runs P.V of a causal diagonal tile over all its keys (the P of keys outside a lane
+     * chunk's reach is 0 there), not per chunk. */
+    bool pv_whole_tile;
+    /* Optional (NULL: none): the online-softmax step of a fully allowed tile on raw scores
+     * (lanes_scores with scale 1), scaled, with a lazy reference point, fused with pack_p
+     * (sdpa__amx_softmax_pack). */
+    void (*softmax_pack)(const float *t, int64_t n, int64_t w, int64_t ld, float scale, float *m, float *alpha,
+                         float *tsum, int32_t *bad, uint32_t *pp, int64_t ldp);
+    /* Query rows per tiled work item (0: SDPA__TILE_Q; at most 128): AMX amortises its packed
+     * value tile over more rows. */
+    int tile_q;
+    /* Keys per tile (0: SDPA__TILE_K; at most 128; even): AMX runs P.V over more key pairs per
+     * load and store of its accumulator tiles. */
+    int tile_k;
 } sdpa__mk_bf16;
 /* The bf16 column at the ISA in effect, or NULL where the build, the CPU (AVX512-BF16) or the
  * ISA cap does not allow it. */
 const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16(void);
+/* The tiled kernel's bf16 column for head sizes E (q, k) and Ev (v): the AMX-BF16 column where
+ * the build has it, sdpa_amx_available() says this process may use it (the application's
+ * opt-in), the ISA in effect is AVX512 with AMX not capped (SDPA_MAX_ISA unset or "amx"; the
+ * test hook below) and E is a multiple of 32 up to SDPA__AMX_MAX_E and Ev a multiple of 16;
+ * else sdpa__dispatch_mk_bf16(). */
+const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16_tiled(int64_t E, int64_t Ev);
+/* Test hook (never exported): allow (1, the default; or -1) or forbid (0) the AMX column for
+ * the following calls of every thread. */
+void sdpa__dispatch_set_amx_for_testing(int allow);
 
 /* Test hook (never exported): cap the ISA for the following calls of every thread, as
  * SDPA_MAX_ISA would for a new process (still limited by the CPU); isa < 0 returns to the

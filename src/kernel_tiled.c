@@ -39,9 +39,10 @@
 #include <math.h>
 #include <string.h>
 
-#define BM SDPA__TILE_Q
-#define BN SDPA__TILE_K
-_Static_assert(BM <= BN, "the V loader tile (BN x Ev floats) holds an item's out rows (BM x Ev)");
+#define BM SDPA__TILE_Q /* query rows per work item, unless the bf16 column asks for more (tile_q) */
+#define BM_MAX 128     /* the most a column may ask for: the layout of a REDUCED call holds it */
+#define BN SDPA__TILE_K /* keys per tile, unless the bf16 column asks for more (tile_k) */
+#define BN_MAX 128     /* the most a column may ask for */
 
 enum { LANE_OFF = 0, LANE_VALID = 1, LANE_PADDING = 2, LANE_EMPTY = 3 };
 
@@ -56,42 +57,49 @@ static size_t take(size_t *at, size_t bytes) {
     return here;
 }
 
+/* Rows per item and keys per tile that the layout must hold: under REDUCED a bf16 column may
+ * ask for up to BM_MAX and BN_MAX (decided in prepare; sized here whatever the AMX permission,
+ * which may change in between). */
+static size_t layout_rows(const sdpa__plan *p) { return p->precision == SDPA_PRECISION_REDUCED ? BM_MAX : BM; }
+static size_t layout_keys(const sdpa__plan *p) { return p->precision == SDPA_PRECISION_REDUCED ? BN_MAX : BN; }
+
 static layout make_layout(const sdpa__plan *p) {
-    const size_t E = (size_t)p->E, Ev = (size_t)p->Ev, f = sizeof(float);
+    const size_t E = (size_t)p->E, Ev = (size_t)p->Ev, f = sizeof(float), BMX = layout_rows(p), BNX = layout_keys(p);
+    const size_t VR = BMX > BNX ? BMX : BNX; /* the V loader tile also holds an item's out rows */
     layout l;
     size_t at = 0;
-    l.qt = take(&at, sdpa__mul_sat(sdpa__mul_sat(E, BM), f));
-    l.st = take(&at, (size_t)BN * BM * f);
-    l.ot = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BM), f));
-    l.vg = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BN), f));
-    l.qtile = take(&at, sdpa__mul_sat(sdpa__mul_sat(E, BM), f)); /* loader tiles (load.h) */
-    l.ktile = take(&at, sdpa__mul_sat(sdpa__mul_sat(E, BN), f));
-    l.vtile = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BN), f));
-    l.m = take(&at, BM * f);
-    l.alpha = take(&at, BM * f);
-    l.tsum = take(&at, BM * f);
-    l.l = take(&at, BM * sizeof(double));
+    l.qt = take(&at, sdpa__mul_sat(sdpa__mul_sat(E, BMX), f));
+    l.st = take(&at, BNX * BMX * f);
+    l.ot = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BMX), f));
+    l.vg = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, BNX), f));
+    l.qtile = take(&at, sdpa__mul_sat(sdpa__mul_sat(E, BMX), f)); /* loader tiles (load.h) */
+    l.ktile = take(&at, sdpa__mul_sat(sdpa__mul_sat(E, BNX), f));
+    l.vtile = take(&at, sdpa__mul_sat(sdpa__mul_sat(Ev, VR), f));
+    l.m = take(&at, BMX * f);
+    l.alpha = take(&at, BMX * f);
+    l.tsum = take(&at, BMX * f);
+    l.l = take(&at, BMX * sizeof(double));
     l.acc = take(&at, sdpa__fallback_scratch_bytes(p)); /* the double fallback's scratch */
-    l.bad = take(&at, BM * sizeof(int32_t));
-    l.lo = take(&at, BM * sizeof(int32_t));
-    l.hi = take(&at, BM * sizeof(int32_t));
-    l.cnt = take(&at, (BN + 1) * sizeof(int32_t));
-    l.state = take(&at, BM);
-    l.used = take(&at, BN);
-    l.keep = take(&at, BN);
+    l.bad = take(&at, BMX * sizeof(int32_t));
+    l.lo = take(&at, BMX * sizeof(int32_t));
+    l.hi = take(&at, BMX * sizeof(int32_t));
+    l.cnt = take(&at, (BNX + 1) * sizeof(int32_t));
+    l.state = take(&at, BMX);
+    l.used = take(&at, BNX);
+    l.keep = take(&at, BNX);
     /* bf16 P.V (REDUCED with bf16 V): probabilities and value rows in key pairs, used keys */
     const bool pairs = p->precision == SDPA_PRECISION_REDUCED && p->v.dtype == SDPA_DTYPE_BF16;
-    l.pp = take(&at, pairs ? (size_t)(BN / 2) * BM * sizeof(uint32_t) : 0);
-    l.vp = take(&at, pairs ? sdpa__mul_sat(sdpa__mul_sat(Ev, BN / 2), sizeof(uint32_t)) : 0);
-    l.idx = take(&at, pairs ? BN * sizeof(int32_t) : 0);
+    l.pp = take(&at, pairs ? (BNX / 2) * BMX * sizeof(uint32_t) : 0);
+    l.vp = take(&at, pairs ? sdpa__mul_sat(sdpa__mul_sat(Ev, BNX / 2), sizeof(uint32_t)) : 0);
+    l.idx = take(&at, pairs ? BNX * sizeof(int32_t) : 0);
     l.total = at;
     return l;
 }
 
-static int64_t num_tasks(const sdpa__plan *p) { return p->B * p->Hq * ((p->L + BM - 1) / BM); }
+static int64_t num_tasks(const sdpa__plan *p, int64_t bm) { return p->B * p->Hq * ((p->L + bm - 1) / bm); }
 
 static int tiled_threads(const sdpa__plan *p) {
-    const int64_t tasks = num_tasks(p);
+    const int64_t tasks = num_tasks(p, BM); /* a cap: an item of a column's tile_q rows is larger */
     /* About 4 MFLOP per thread at least (times the cost of starting one, threads.c): below
      * that, a thread costs more than it saves. */
     const double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
@@ -111,11 +119,14 @@ typedef struct tctx {
     const sdpa__mk *mk;
     const sdpa__mk_bf16 *mk16; /* REDUCED with bf16 q and k: scores by bf16 dot products; else NULL */
     const sdpa__mk_bf16 *pv16; /* REDUCED with bf16 v: P rounded to bf16, P.V by bf16 dot products; else NULL */
+    void (*tiles_begin)(void), (*tiles_end)(void); /* the column's (AMX), where mk16 or pv16 uses it */
+    bool fused; /* fully allowed tiles: raw scores, then the column's softmax_pack (no softcap, ALiBi, dropout) */
     sdpa__dropout drop;
     layout lay;
     unsigned char *ws;
     size_t tstride; /* thread t's scratch: ws + t * tstride */
     float qscale;
+    int64_t bm, bn; /* query rows per item, keys per tile: BM, BN, or the bf16 column's tile_q, tile_k */
 } tctx;
 
 /* SDPA_PRECISION_REDUCED with bf16 q and k: Q rows (raw bf16) packed in pairs for the lanes
@@ -154,13 +165,16 @@ static void write_zero_row(const sdpa__plan *p, void *orow, float *lrow, float l
  * the micro-kernel applies it where it has a vector loop for it (the same bits either way). */
 static void alibi_lanes(const sdpa__plan *p, const sdpa__mk *mk, int64_t b, int64_t h, int64_t i0, const uint8_t *state,
                         int64_t l0, int64_t l1, int64_t j0, int64_t n, float *s, int64_t ld) {
-    float sl[SDPA__ALIBI_LANES], lf[SDPA__ALIBI_LANES], base;
-    if (mk->lanes_sub_abs != NULL &&
-        sdpa__rule_alibi_lanes_form(&p->rules, b, h, i0, state, LANE_VALID, l0, l1, j0, n, sl, lf, &base)) {
-        mk->lanes_sub_abs(s + l0, ld, n, l1 - l0, sl, lf, base);
-        return;
+    for (int64_t c0 = l0; c0 < l1; c0 += SDPA__ALIBI_LANES) { /* the lane form takes 64 lanes at most */
+        const int64_t c1 = l1 - c0 < SDPA__ALIBI_LANES ? l1 : c0 + SDPA__ALIBI_LANES;
+        float sl[SDPA__ALIBI_LANES], lf[SDPA__ALIBI_LANES], base;
+        if (mk->lanes_sub_abs != NULL &&
+            sdpa__rule_alibi_lanes_form(&p->rules, b, h, i0, state, LANE_VALID, c0, c1, j0, n, sl, lf, &base)) {
+            mk->lanes_sub_abs(s + c0, ld, n, c1 - c0, sl, lf, base);
+            continue;
+        }
+        sdpa__rule_alibi_add_lanes(&p->rules, b, h, i0, state, LANE_VALID, c0, c1, j0, n, s, ld);
     }
-    sdpa__rule_alibi_add_lanes(&p->rules, b, h, i0, state, LANE_VALID, l0, l1, j0, n, s, ld);
 }
 
 static bool apply_rules(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, int64_t nl, const uint8_t *state,
@@ -174,7 +188,7 @@ static bool apply_rules(const sdpa__plan *p, int64_t b, int64_t h, int64_t i0, i
             continue;
         }
         const int64_t i = i0 + r;
-        uint8_t ok[BN];
+        uint8_t ok[BN_MAX];
         sdpa__rule_row_flags(&p->rules, b, h, i, lo[r], hi[r], ta, n, ok);
         const void *brow = p->rules.has_bias ? sdpa__rule_bias_row(&p->rules, b, h, i) : NULL;
         for (int64_t t = 0; t < n; ++t) {
@@ -232,7 +246,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     double *l = (double *)(ws + lay->l);
     void *acc = ws + lay->acc;
     int32_t *bad = (int32_t *)(ws + lay->bad), *lo = (int32_t *)(ws + lay->lo), *hi = (int32_t *)(ws + lay->hi);
-    int32_t *cnt = (int32_t *)(ws + lay->cnt), cs[BM / SDPA__LANES], ce[BM / SDPA__LANES];
+    int32_t *cnt = (int32_t *)(ws + lay->cnt), cs[BM_MAX / SDPA__LANES], ce[BM_MAX / SDPA__LANES];
     uint8_t *state = ws + lay->state, *used = ws + lay->used, *keep = ws + lay->keep;
     uint32_t *pp = (uint32_t *)(ws + lay->pp), *vp = (uint32_t *)(ws + lay->vp);
     int32_t *idx = (int32_t *)(ws + lay->idx);
@@ -240,10 +254,10 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     /* Head-major, so that consecutive tasks (on one thread or on neighbours) reuse the head's K
      * and V from cache; within a head the heaviest blocks first (the last ones under a causal
      * rule), so that light tasks end the call. */
-    const int64_t nqb = (p->L + BM - 1) / BM;
+    const int64_t bm = c->bm, bn = c->bn, nqb = (p->L + bm - 1) / bm;
     const int64_t qb = nqb - 1 - task % nqb, bh = task / nqb;
     const int64_t b = bh / p->Hq, h = bh % p->Hq, g = h / p->group;
-    const int64_t i0 = qb * BM, rows = p->L - i0 < BM ? p->L - i0 : BM;
+    const int64_t i0 = qb * bm, rows = p->L - i0 < bm ? p->L - i0 : bm;
     const int64_t nl = (rows + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES;
     const int64_t E = p->E, Ev = p->Ev;
 
@@ -293,9 +307,11 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                         qt[e * nl + r] = 0.0f;
         }
         beta = NULL; /* the first P.V overwrites Ot (its alpha is 0: m was -inf) */
+        if (c->tiles_begin != NULL) /* AMX: this thread's tile configuration, for this item */
+            c->tiles_begin();
 
-        for (int64_t a = jmin / BN * BN; a < jmax; a += BN) {
-            const int64_t ta = a > jmin ? a : jmin, tc = a + BN < jmax ? a + BN : jmax, n = tc - ta;
+        for (int64_t a = jmin / bn * bn; a < jmax; a += bn) {
+            const int64_t ta = a > jmin ? a : jmin, tc = a + bn < jmax ? a + bn : jmax, n = tc - ta;
             const sdpa__tile_class tcl = sdpa__rule_classify_tile(&p->rules, b, h, i0, nl, lo, hi, ta, tc);
             if (tcl == SDPA__TILE_NONE)
                 continue;
@@ -304,6 +320,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
              * the keys its rows can reach, [s0, e0); the rest of its column is P = 0. A causal
              * diagonal tile then costs about 5/8 (16-row chunks) or 3/4 (32) of a full one. */
             const bool ranged = tcl == SDPA__TILE_PARTIAL_RANGE;
+            bool packed = false; /* P already in pp (softmax_pack) */
             sdpa__rows kr = {NULL, 0};
             sdpa__rows16 kr16 = {NULL, 0};
             if (c->mk16 != NULL)
@@ -352,6 +369,10 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                     }
                     mk->lanes_softmax(sc, e0 - s0, w, nl, m + l0, alpha + l0, tsum + l0, NULL);
                 }
+            } else if (c->fused && tcl == SDPA__TILE_FULL) { /* raw scores; softmax scales and packs P */
+                c->mk16->lanes_scores((const uint32_t *)qt, nl, E, nl, kr16.data, kr16.stride, n, 1.0f, st, nl);
+                c->pv16->softmax_pack(st, n, nl, nl, c->qscale, m, alpha, tsum, bad, pp, nl);
+                packed = true;
             } else {
                 if (c->mk16 != NULL)
                     c->mk16->lanes_scores((const uint32_t *)qt, nl, E, nl, kr16.data, kr16.stride, n, c->qscale, st,
@@ -398,19 +419,20 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
                     }
                     ix = idx;
                 }
-                c->pv16->pack_p(st, nl, cu, nl, pp, nl);
+                if (!packed)
+                    c->pv16->pack_p(st, nl, cu, nl, pp, nl);
                 c->pv16->pack_v(vr16.data, vr16.stride, ix, cu, Ev, vp);
-                if (all_used && ranged) { /* per chunk, the pairs that hold its keys (P = 0 beside them) */
+                if (all_used && ranged && !c->pv16->pv_whole_tile) { /* per chunk, the pairs that hold its keys (P = 0 beside them) */
                     int nc = 0;
                     for (int64_t l0 = 0; l0 < nl; l0 += mk->range_lanes, ++nc) {
                         const int64_t w = nl - l0 < mk->range_lanes ? nl - l0 : mk->range_lanes;
                         const int64_t s0 = cs[nc], e0 = ce[nc];
                         const int64_t tp0 = s0 < e0 ? (s0 - ta) / 2 : 0, tp1 = s0 < e0 ? (e0 - ta + 1) / 2 : 0;
-                        c->pv16->lanes_pv(Ev, tp1 - tp0, vp + tp0 * Ev, pp + tp0 * nl + l0, nl, ot + l0,
+                        c->pv16->lanes_pv(Ev, tp0, tp1 - tp0, vp, pp + tp0 * nl + l0, nl, ot + l0,
                                           beta ? beta + l0 : NULL, w, nl);
                     }
                 } else {
-                    c->pv16->lanes_pv(Ev, (cu + 1) / 2, vp, pp, nl, ot, beta, nl, nl);
+                    c->pv16->lanes_pv(Ev, 0, (cu + 1) / 2, vp, pp, nl, ot, beta, nl, nl);
                 }
                 beta = alpha;
                 continue;
@@ -440,6 +462,8 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             }
             beta = alpha;
         }
+        if (c->tiles_end != NULL)
+            c->tiles_end();
     }
 
     if (beta == NULL) /* no tile ran: Ot was never written (every lane ends as a zero row) */
@@ -531,18 +555,29 @@ static void tiled_prepare(const sdpa__plan *p, void *shared, unsigned char *tws,
     tctx *c = (tctx *)shared;
     c->p = p;
     c->mk = sdpa__dispatch_mk(SDPA__MK_F32);
-    const sdpa__mk_bf16 *col = p->precision == SDPA_PRECISION_REDUCED ? sdpa__dispatch_mk_bf16() : NULL;
+    const sdpa__mk_bf16 *col = p->precision == SDPA_PRECISION_REDUCED ? sdpa__dispatch_mk_bf16_tiled(p->E, p->Ev) : NULL;
     c->mk16 = p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 && p->load_q->rows_bf16 != NULL &&
                       p->load_k->rows_bf16 != NULL
                   ? col
                   : NULL;
     c->pv16 = p->v.dtype == SDPA_DTYPE_BF16 && p->load_v->rows_bf16 != NULL ? col : NULL;
+    const sdpa__mk_bf16 *used = c->mk16 != NULL ? c->mk16 : c->pv16;
+    c->tiles_begin = used != NULL ? used->begin : NULL;
+    c->tiles_end = used != NULL ? used->end : NULL;
+    c->bm = used != NULL && used->tile_q > 0 ? used->tile_q : BM;
+    c->bn = used != NULL && used->tile_k > 0 ? used->tile_k : BN;
+    if (c->bm > (int64_t)layout_rows(p) || c->bn > (int64_t)layout_keys(p)) {
+        c->bm = BM;
+        c->bn = BN;
+    }
     c->lay = make_layout(p);
     c->ws = tws;
     c->tstride = tstride;
     sdpa__dropout_init(&c->drop, p->dropout_p, p->dropout_seed, p->dropout_offset);
     c->qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
-    w->items = num_tasks(p);
+    c->fused = c->mk16 != NULL && c->pv16 == c->mk16 && c->mk16->softmax_pack != NULL && p->softcap <= 0.0f &&
+               p->rules.alibi_slopes == NULL && !c->drop.on && p->Ev > 0 && c->qscale > 0.0f;
+    w->items = num_tasks(p, c->bm);
     w->item = tiled_task;
     w->ctx = c;
     w->finish = tiled_finish;

@@ -244,8 +244,9 @@ void sdpa__bf16_lanes_scores_pairs_avx512bf16(const uint32_t *qp, int64_t ldq, i
     pairs_gemm(nk, ne / 2, (ne & 1) != 0, k, ks, 2, qp, ldq, st, ld, NULL, &scale, w, nk * ks, 2 * ne);
 }
 
-void sdpa__bf16_lanes_pv_avx512bf16(int64_t nev, int64_t np, const uint32_t *vp, const uint32_t *pp, int64_t ldp,
-                                    float *o, const float *beta, int64_t w, int64_t ld) {
+void sdpa__bf16_lanes_pv_avx512bf16(int64_t nev, int64_t tp0, int64_t np, const uint32_t *vp, const uint32_t *pp,
+                                    int64_t ldp, float *o, const float *beta, int64_t w, int64_t ld) {
+    vp += tp0 * nev;
     if (np == 0) { /* no key: o = beta * o (or 0) */
         for (int64_t d = 0; d < nev; ++d)
             for (int64_t l = 0; l < w; l += 16) {

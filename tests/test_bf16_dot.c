@@ -229,7 +229,7 @@ static void lanes_pairs_match_reference(void **state)
                         for (int64_t l = 0; l < w; ++l)
                             o0[d * ld + l] = with_beta ? (double)beta[l] * (double)o[d * ld + l] : 0.0;
                     const float guard = o[nev * ld], guard2 = o[w];
-                    sdpa__bf16_lanes_pv_avx512bf16(nev, (cnt + 1) / 2, vp, pp, ld, o, with_beta ? beta : NULL, w, ld);
+                    sdpa__bf16_lanes_pv_avx512bf16(nev, 0, (cnt + 1) / 2, vp, pp, ld, o, with_beta ? beta : NULL, w, ld);
                     for (int64_t d = 0; d < nev; ++d)
                         for (int64_t l = 0; l < w; ++l) {
                             double ref = o0[d * ld + l], mag = fabs(ref);
