@@ -197,8 +197,16 @@ static int64_t tidx(const tensor *t, int64_t a, int64_t b, int64_t r, int64_t e)
 {
     return a * t->strides[0] + b * t->strides[1] + r * t->strides[2] + e * t->strides[3];
 }
+/* Element (a, b, r, e) := x as stored (its decoded value kept for the reference). */
+static void tensor_set(tensor *t, int64_t a, int64_t b, int64_t r, int64_t e, double x)
+{
+    t->val[((a * t->shape[1] + b) * t->shape[2] + r) * t->shape[3] + e] = put(t->dt, t->data, tidx(t, a, b, r, e), x);
+}
 
 static const int64_t EDGE[] = {1, 2, 3, 4, 31, 63, 64, 65, 127, 128, 129};
+
+/* Head sizes for the next case_make calls (0: random, never a multiple of 16). */
+static int64_t g_force_e, g_force_ev, g_force_s;
 
 /* A random case: prefill (L around the tile edges) or decode (L <= 4). */
 static void case_make(cas *c, int dq, int dk, int dv, int dout, int dbias, int decode, int mk, int lay)
@@ -214,6 +222,15 @@ static void case_make(cas *c, int dq, int dk, int dv, int dout, int dbias, int d
     c->E = 5 + irand(60);
     c->Ev = 3 + irand(50);
     if (c->E % 16 == 0) ++c->E;
+    if (g_force_e > 0) { /* head sizes the AMX column takes (amx_tiles_within_their_bound) */
+        c->E = g_force_e;
+        c->Ev = g_force_ev;
+    }
+    if (g_force_s > 0) { /* keys around AMX's 128-key tiles; fewer query rows keep it fast */
+        c->S = g_force_s;
+        if (c->B * c->Hq * c->L * c->S > 200000)
+            c->L = 33;
+    }
     c->mk = mk;
     c->lay = lay;
     c->out_dt = dout;
@@ -419,11 +436,18 @@ static const char *const KN[4] = {"REFERENCE", "TILED", "DECODE", "AUTO"};
 #define MAX_PATHS 4096
 static char g_paths[MAX_PATHS][80];
 static int g_npaths;
-static long g_runs, g_bf16dot_runs, g_bf16pv_runs;
-static void note_path(int isa, int dq, int dk, int dv, int dout)
+static long g_runs, g_bf16dot_runs, g_bf16pv_runs, g_amx_runs;
+/* AMX: requested in main (the application's opt-in); g_amx says whether Linux granted it. */
+static int g_amx;
+static char g_amx_why[200] = "not requested";
+/* The levels run_case walks: every ISA cap, then AVX512 with the AMX column allowed. */
+#define LEVEL_AMX SDPA__ISA_COUNT
+static int level_isa(int lv) { return lv == LEVEL_AMX ? SDPA__ISA_AVX512 : lv; }
+static const char *level_name(int lv) { return lv == LEVEL_AMX ? "avx512+amx" : sdpa__isa_name(lv); }
+static void note_path(int lv, int dq, int dk, int dv, int dout)
 {
     char s[80];
-    snprintf(s, sizeof s, "%s@%s q%s k%s v%s o%s", sdpa_last_kernel(), sdpa__isa_name(isa), DN[dq], DN[dk], DN[dv],
+    snprintf(s, sizeof s, "%s@%s q%s k%s v%s o%s", sdpa_last_kernel(), level_name(lv), DN[dq], DN[dk], DN[dv],
              DN[dout]);
     for (int t = 0; t < g_npaths; ++t)
         if (strcmp(g_paths[t], s) == 0)
@@ -512,14 +536,16 @@ static void run_case(cas *c, int precision, int threads_check)
     outbuf_make(&o, c, dout);
     outbuf_make(&w, c, F32);
     outbuf_make(&t2, c, dout);
-    for (int isa = 0; isa < SDPA__ISA_COUNT; ++isa) {
-        if (!isa_available(isa))
+    for (int lv = 0; lv <= LEVEL_AMX; ++lv) {
+        const int isa = level_isa(lv), amx = lv == LEVEL_AMX;
+        if (!isa_available(isa) || (amx && !g_amx))
             continue;
         sdpa__dispatch_set_max_isa_for_testing(isa);
+        sdpa__dispatch_set_amx_for_testing(amx);
         for (int kk = 0; kk < 4; ++kk) {
             char what[256];
             snprintf(what, sizeof what, "%s@%s q%s k%s v%s o%s b%s %s lay%d B%lld Hq%lld Hkv%lld L%lld S%lld E%lld Ev%lld prec%d",
-                     KN[kk], sdpa__isa_name(isa), DN[dq], DN[dk], DN[dv], DN[dout],
+                     KN[kk], level_name(lv), DN[dq], DN[dk], DN[dv], DN[dout],
                      c->opt.bias ? DN[c->bias.dt] : "-", MKN[c->mk], c->lay, (long long)c->B, (long long)c->Hq,
                      (long long)c->Hkv, (long long)c->L, (long long)c->S, (long long)c->E, (long long)c->Ev,
                      precision);
@@ -532,16 +558,27 @@ static void run_case(cas *c, int precision, int threads_check)
                 continue; /* the kernel does not serve this shape */
             if (st != SDPA_OK)
                 fail_msg("%s: %s (%s)", what, sdpa_status_string(st), sdpa_last_error_message());
-            note_path(isa, dq, dk, dv, dout);
+            note_path(lv, dq, dk, dv, dout);
+            /* AMX allowed: the tiled kernel's bf16 products run on AMX tiles where the head sizes
+             * fit the column (E a multiple of 32 up to 256, Ev of 16); decode stays AVX512-BF16 */
+            const int amx_fits = c->E % 32 == 0 && c->E <= 256 && c->Ev % 16 == 0;
+            const int tiled_ran = strstr(sdpa_last_kernel(), "tiled") != NULL;
+            if (amx && precision == SDPA_PRECISION_REDUCED && ((dq == BF16 && dk == BF16) || dv == BF16) &&
+                tiled_ran) {
+                if ((strstr(sdpa_last_kernel(), "tiled-amx-bf16") != NULL) != amx_fits)
+                    fail_msg("%s: REDUCED bf16 tiled ran %s with AMX allowed (head sizes %s the AMX column)", what,
+                             sdpa_last_kernel(), amx_fits ? "fit" : "do not fit");
+                g_amx_runs += amx_fits;
+            }
             if (precision == SDPA_PRECISION_REDUCED && dq == BF16 && dk == BF16 && isa == SDPA__ISA_AVX512 &&
-                sdpa__cpu_features()->avx512bf16 && (kk == 1 || kk == 2)) {
+                sdpa__cpu_features()->avx512bf16 && (kk == 1 || kk == 2) && !(amx && amx_fits && tiled_ran)) {
                 if (strstr(sdpa_last_kernel(), "avx512bf16") == NULL)
                     fail_msg("%s: REDUCED bf16 q/k ran %s, not the AVX512-BF16 path", what, sdpa_last_kernel());
                 ++g_bf16dot_runs;
             }
             /* bf16 V under REDUCED: the tiled kernel rounds P to bf16 for VDPBF16PS P.V */
             if (precision == SDPA_PRECISION_REDUCED && dv == BF16 && isa == SDPA__ISA_AVX512 &&
-                sdpa__cpu_features()->avx512bf16 && strstr(sdpa_last_kernel(), "tiled") != NULL) {
+                sdpa__cpu_features()->avx512bf16 && tiled_ran && !(amx && amx_fits)) {
                 if (strstr(sdpa_last_kernel(), "tiled-avx512bf16") == NULL)
                     fail_msg("%s: REDUCED bf16 v ran %s, not the AVX512-BF16 P.V path", what, sdpa_last_kernel());
                 ++g_bf16pv_runs;
@@ -583,6 +620,7 @@ static void run_case(cas *c, int precision, int threads_check)
         }
     }
     sdpa__dispatch_set_max_isa_for_testing(-1);
+    sdpa__dispatch_set_amx_for_testing(0);
     outbuf_free(&o);
     outbuf_free(&w);
     outbuf_free(&t2);
@@ -600,8 +638,10 @@ static void print_paths(const char *title)
         if (!isa_available(isa))
             printf("  ISA %s: not run (this CPU lacks it)\n", sdpa__isa_name(isa));
     printf("  AVX512-BF16 (VDPBF16PS): %s\n", sdpa__cpu_features()->avx512bf16 ? "present" : "not run (CPU lacks it)");
-    printf("  tiled-amx-bf16: not run (%s)\n", sdpa__cpu_features()->amx_bf16 ? "no AMX kernel in this build"
-                                                                                : "this CPU lacks AMX");
+    if (g_amx)
+        printf("  tiled-amx-bf16 (AMX-BF16 tiles): %ld runs\n", g_amx_runs);
+    else
+        printf("  tiled-amx-bf16: not run (%s)\n", g_amx_why);
 }
 
 /* Every (q, k, v) in {f32, f16, bf16}^3 times every out dtype, a prefill and a decode case
@@ -656,6 +696,140 @@ static void reduced_precision_within_its_bound(void **state)
     else
         printf("  tiled bf16 P.V (VDPBF16PS): not run (CPU lacks AVX512-BF16)\n");
     print_paths("all precisions");
+}
+
+/* The AMX-BF16 column (tiled-amx-bf16), where Linux grants AMX: head sizes it takes (E a
+ * multiple of 32, Ev of 16), L and S around its 128-row / 128-key tiles, every mask kind and
+ * layout, GQA, bf16 scores and/or bf16 P.V; within the REDUCED bound, bit-identical across 1-3
+ * threads, and every run checked to be on the AMX path (run_case). Then NaN/Inf encodings in K/V
+ * rows beyond the key lengths (including a last partial key block, which AMX copies) and in
+ * padding query rows change nothing. */
+static void amx_tiles_within_their_bound(void **state)
+{
+    (void)state;
+    if (!g_amx) {
+        printf("tiled-amx-bf16: not run (%s)\n", g_amx_why);
+        skip();
+    }
+    /* the last pair: E = 48 (a multiple of 16, not 32) is not the AMX column's */
+    static const int64_t es[][2] = {{32, 16}, {64, 64}, {96, 48}, {128, 128}, {256, 32}, {64, 80}, {48, 16}};
+    static const int64_t ss[] = {0, 129, 203, 256, 257, 400};
+    const int combos[4][3] = {{BF16, BF16, BF16}, {BF16, BF16, F32}, {F32, F16, BF16}, {BF16, BF16, F16}};
+    const long amx0 = g_amx_runs;
+    for (int it = 0; it < 7 * MK_COUNT / 2; ++it) {
+        cas c;
+        const int t = it % 4, mk = it % MK_COUNT, jump = it % 3 == 1;
+        g_force_e = es[it % 7][0];
+        g_force_ev = es[it % 7][1];
+        g_force_s = ss[it % 6];
+        case_make(&c, combos[t][0], combos[t][1], combos[t][2], it % 3, (it / 3) % 3, 0, mk, (it / 2) % 3);
+        if (jump && c.S > 128) {
+            /* keys of the second 128-key tile score about 20 above the first tile's: the
+             * online softmax must move its reference point (and rescale Ot) there */
+            for (int64_t b = 0; b < c.B; ++b) {
+                for (int64_t h = 0; h < c.Hq; ++h)
+                    for (int64_t i = 0; i < c.L; ++i)
+                        for (int64_t e = 0; e < c.E; ++e)
+                            tensor_set(&c.q, b, h, i, e, 0.75 + 0.25 * fabs(urand()));
+                for (int64_t g = 0; g < c.Hkv; ++g)
+                    for (int64_t j = 128; j < c.S; ++j)
+                        for (int64_t e = 0; e < c.E; ++e)
+                            tensor_set(&c.k, b, g, j, e, (20.0 + (double)(j % 7)) / sqrt((double)c.E));
+            }
+        }
+        case_ref(&c);
+        run_case(&c, SDPA_PRECISION_REDUCED, 1);
+        case_free(&c);
+    }
+    g_force_s = 0;
+    /* a scaled score that overflows float32 although q.k does not (scale 2^10, q = k = 2^60,
+     * E = 32: q.k = 2^125): the row is recomputed in double, where every key scores the same,
+     * so out is the mean of V */
+    {
+        const int64_t S = 130, E = 32, Ev = 16;
+        uint16_t q[32], k[130 * 32], v[130 * 16];
+        float out[16], mean[16] = {0};
+        for (int64_t e = 0; e < E; ++e)
+            q[e] = 0x5d80; /* 2^60 */
+        for (int64_t t = 0; t < S * E; ++t)
+            k[t] = 0x5d80;
+        for (int64_t t = 0; t < S * Ev; ++t) {
+            v[t] = encb16(0.25 * (double)((t * 7) % 9) - 1.0);
+            mean[t % Ev] += (float)(decb16(v[t]) / (double)S);
+        }
+        sdpa_tensor tq, tk, tv, to;
+        const int64_t sq[4] = {1, 1, 1, E}, sk[4] = {1, 1, S, E}, sv[4] = {1, 1, S, Ev}, so[4] = {1, 1, 1, Ev};
+        const int64_t stq[4] = {E, E, E, 1}, stk[4] = {S * E, S * E, E, 1}, stv[4] = {S * Ev, S * Ev, Ev, 1},
+                      sto[4] = {Ev, Ev, Ev, 1};
+        assert_int_equal(sdpa_tensor_init_strided(&tq, q, SDPA_DTYPE_BF16, 4, sq, stq), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init_strided(&tk, k, SDPA_DTYPE_BF16, 4, sk, stk), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init_strided(&tv, v, SDPA_DTYPE_BF16, 4, sv, stv), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init_strided(&to, out, SDPA_DTYPE_F32, 4, so, sto), SDPA_OK);
+        sdpa_options opt;
+        sdpa_options_init(&opt);
+        opt.kernel = SDPA_KERNEL_TILED;
+        opt.precision = SDPA_PRECISION_REDUCED;
+        opt.scale = 1024.0f;
+        sdpa__dispatch_set_amx_for_testing(1);
+        assert_int_equal(sdpa_attention(&tq, &tk, &tv, &opt, &to, NULL, NULL), SDPA_OK);
+        sdpa__dispatch_set_amx_for_testing(0);
+        assert_non_null(strstr(sdpa_last_kernel(), "tiled-amx-bf16"));
+        for (int64_t d = 0; d < Ev; ++d)
+            if (!(fabs(out[d] - mean[d]) <= 1e-5))
+                fail_msg("tiled-amx-bf16: an overflowed scaled score: out[%lld] = %g, want the mean of V %g",
+                         (long long)d, (double)out[d], (double)mean[d]);
+    }
+    /* blocked rows: the tiled kernel on AMX, E = 64, S with a partial last key block; key
+     * lengths S - 2 = 201: the last tile holds an odd number of keys (73) */
+    int checked = 0;
+    g_force_e = 64;
+    g_force_ev = 32;
+    g_force_s = 203;
+    for (int nan = 0; nan < 2; ++nan) {
+        cas c;
+        case_make(&c, BF16, BF16, BF16, BF16, F32, 0, MK_KEYLEN, LAY_PAD);
+        c.qlen[0] = c.L > 1 ? c.L - 1 : c.L;
+        c.qlen[1] = c.L;
+        c.opt.query_lengths = c.qlen;
+        for (int64_t b = 0; b < c.B; ++b)
+            c.klen[b] = c.S > 2 ? c.S - 2 : c.S;
+        outbuf clean, dirty;
+        outbuf_make(&clean, &c, c.out_dt);
+        outbuf_make(&dirty, &c, c.out_dt);
+        sdpa__dispatch_set_amx_for_testing(1);
+        sdpa_options opt = c.opt;
+        opt.kernel = SDPA_KERNEL_TILED;
+        opt.precision = SDPA_PRECISION_REDUCED;
+        assert_int_equal(sdpa_attention(&c.q.view, &c.k.view, &c.v.view, &opt, &clean.to, NULL, &clean.tl), SDPA_OK);
+        assert_non_null(strstr(sdpa_last_kernel(), "tiled-amx-bf16"));
+        for (int64_t b = 0; b < c.B; ++b) {
+            for (int64_t g = 0; g < c.Hkv; ++g)
+                for (int64_t j = c.klen[b]; j < c.S; ++j) {
+                    for (int64_t e = 0; e < c.E; ++e)
+                        put_raw(c.k.dt, c.k.data, tidx(&c.k, b, g, j, e), (int)(e + nan) & 1);
+                    for (int64_t e = 0; e < c.Ev; ++e)
+                        put_raw(c.v.dt, c.v.data, tidx(&c.v, b, g, j, e), (int)(e + nan + 1) & 1);
+                }
+            for (int64_t h = 0; h < c.Hq; ++h)
+                for (int64_t i = c.qlen[b]; i < c.L; ++i)
+                    for (int64_t e = 0; e < c.E; ++e)
+                        put_raw(c.q.dt, c.q.data, tidx(&c.q, b, h, i, e), nan);
+        }
+        memset(dirty.out, 0x11, out_bytes(&c, c.out_dt));
+        assert_int_equal(sdpa_attention(&c.q.view, &c.k.view, &c.v.view, &opt, &dirty.to, NULL, &dirty.tl), SDPA_OK);
+        if (memcmp(clean.out, dirty.out, out_bytes(&c, c.out_dt)) != 0 || memcmp(clean.lse, dirty.lse, lse_bytes(&c)) != 0)
+            fail_msg("tiled-amx-bf16: NaN/Inf in blocked rows or gaps changed the result (S %lld)", (long long)c.S);
+        ++checked;
+        sdpa__dispatch_set_amx_for_testing(0);
+        outbuf_free(&clean);
+        outbuf_free(&dirty);
+        case_free(&c);
+    }
+    g_force_e = g_force_ev = g_force_s = 0;
+    printf("tiled-amx-bf16: %ld runs on AMX tiles within the REDUCED bound (largest error/bound: out f32 %.3f, "
+           "f16 %.3f, bf16 %.3f), %d blocked-row checks\n",
+           g_amx_runs - amx0, g_worst[1][0], g_worst[1][1], g_worst[1][2], checked);
+    assert_true(g_amx_runs > amx0);
 }
 
 /* NaN/Inf encodings where nothing may read them: K/V rows beyond key lengths, padding query
@@ -852,6 +1026,21 @@ int main(void)
         cmocka_unit_test(reduced_precision_within_its_bound),
         cmocka_unit_test(nonfinite_encodings_never_leak),
         cmocka_unit_test(dropout_on_reduced_storage),
+        cmocka_unit_test(amx_tiles_within_their_bound),
     };
+    /* the application's AMX opt-in (sdpa.h), once for the process; the AMX column is then
+     * allowed only where a test says so (run_case's last level) */
+    if (!sdpa__cpu_features()->amx_bf16) {
+        snprintf(g_amx_why, sizeof g_amx_why, "this CPU lacks AMX-BF16");
+    } else if (sdpa_request_amx() != SDPA_OK) {
+        snprintf(g_amx_why, sizeof g_amx_why, "%s", sdpa_last_error_message());
+    } else {
+#if defined(SDPA_HAVE_MK_AMX)
+        g_amx = 1;
+#else
+        snprintf(g_amx_why, sizeof g_amx_why, "this build has no AMX kernel (compiler lacks -mamx-bf16)");
+#endif
+    }
+    sdpa__dispatch_set_amx_for_testing(0);
     return cmocka_run_group_tests_name("dtypes_kernels", tests, NULL, NULL);
 }
