@@ -183,7 +183,8 @@ def main():
         if c["status"] != row["status"] or c["kernel"] != row["kernel"]:
             fail(f"{where}: CSV and stdout disagree")
         want_dt = {"f32": ("f32", "f32", "f32"), "f16kv": ("f32", "f16", "f32"), "bf16kv": ("f32", "bf16", "f32"),
-                   "bf16": ("bf16", "bf16", "bf16"), "bf16r": ("bf16", "bf16", "bf16")}[row["dtype"]]
+                   "bf16": ("bf16", "bf16", "bf16"), "bf16r": ("bf16", "bf16", "bf16"),
+                   "bf16amx": ("bf16", "bf16", "bf16")}[row["dtype"]]
         if (c["q_dtype"], c["kv_dtype"], c["out_dtype"]) != want_dt:
             fail(f"{where}: CSV dtypes {c['q_dtype']}/{c['kv_dtype']}/{c['out_dtype']}, want {want_dt}")
         if row["status"] not in ("ok", "unsupported"):
@@ -194,6 +195,16 @@ def main():
         if row["dtype"] == "f32" and row["path"] in ("reference",) + PREV + ("prev-0.3:decode",) \
                 and row["status"] != "ok":
             fail(f"{where}: this path must run")
+        if row["dtype"] == "bf16amx" and row["path"] in LIBRARY and row["path"] != "reference":
+            # after sdpa_request_amx(): not run where the CPU or Linux says no, else the AMX kernel
+            # wherever the head sizes fit it (E a multiple of 32), on the tiled path
+            if row["status"] == "unsupported":
+                if "AMX_unavailable" not in row["note"] or not row["note"].startswith("not_run:"):
+                    fail(f"{where}: a bf16amx row not run must say why ({row['note']})")
+                not_run["bf16amx"] = not_run.get("bf16amx", 0) + 1
+                continue
+            if int(c["E"]) % 32 == 0 and row["path"] in ("tiled", "auto") and "amx" not in row["kernel"]:
+                fail(f"{where}: AMX was granted but the kernel is {row['kernel']}")
         if row["status"] == "unsupported":
             if row["path"].startswith("fma-") or (row["dtype"] != "f32" and "SDPA_ERR_DTYPE" in row["note"]):
                 if not row["note"].startswith("not_run:"):
@@ -230,6 +241,7 @@ def main():
             warnings += 1
     for kind, n in sorted(not_run.items()):
         what = "FMA loops this CPU/build lacks" if kind == "fma" else \
+            "bf16amx rows (no AMX: CPU, Linux or build)" if kind == "bf16amx" else \
             f"{kind} rows the library answers with SDPA_ERR_DTYPE"
         print(f"bench_smoke: not run: {n} row(s): {what}")
     if not baseline:

@@ -71,19 +71,25 @@ typedef struct dtype_combo {
     const char *name;
     int32_t q, kv, out;
     int32_t precision; /* sdpa_options.precision of the library's calls */
+    int amx;           /* run after sdpa_request_amx() (the AMX-BF16 tiled path); the other combos before it */
 } dtype_combo;
 
-enum { DT_F32, DT_F16KV, DT_BF16KV, DT_BF16, DT_BF16R, DT_COUNT };
+enum { DT_F32, DT_F16KV, DT_BF16KV, DT_BF16, DT_BF16R, DT_BF16AMX, DT_COUNT };
 static const dtype_combo dtype_combos[DT_COUNT] = {
-    {"f32", SDPA_DTYPE_F32, SDPA_DTYPE_F32, SDPA_DTYPE_F32, 0},
-    {"f16kv", SDPA_DTYPE_F32, SDPA_DTYPE_F16, SDPA_DTYPE_F32, 0},   /* f32 Q, f16 KV cache, f32 out */
-    {"bf16kv", SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F32, 0}, /* f32 Q, bf16 KV cache, f32 out */
-    {"bf16", SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, 0}, /* bf16 throughout */
+    {"f32", SDPA_DTYPE_F32, SDPA_DTYPE_F32, SDPA_DTYPE_F32, 0, 0},
+    {"f16kv", SDPA_DTYPE_F32, SDPA_DTYPE_F16, SDPA_DTYPE_F32, 0, 0},   /* f32 Q, f16 KV cache, f32 out */
+    {"bf16kv", SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F32, 0, 0}, /* f32 Q, bf16 KV cache, f32 out */
+    {"bf16", SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, 0, 0}, /* bf16 throughout */
     /* bf16 throughout, SDPA_PRECISION_REDUCED (bf16 dot products, P rounded to bf16) */
-    {"bf16r", SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_PRECISION_REDUCED},
+    {"bf16r", SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_PRECISION_REDUCED, 0},
+    /* bf16r once this process has asked for AMX (sdpa_request_amx: the application's opt-in).
+     * Linux's permission cannot be returned, so every bf16amx row runs after all other rows. */
+    {"bf16amx", SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_PRECISION_REDUCED, 1},
 };
 #define DT_BIT(d) (1u << (d))
-#define DT_ALL (DT_BIT(DT_F32) | DT_BIT(DT_F16KV) | DT_BIT(DT_BF16KV) | DT_BIT(DT_BF16) | DT_BIT(DT_BF16R))
+#define DT_ALL                                                                                              \
+    (DT_BIT(DT_F32) | DT_BIT(DT_F16KV) | DT_BIT(DT_BF16KV) | DT_BIT(DT_BF16) | DT_BIT(DT_BF16R) |             \
+     DT_BIT(DT_BF16AMX))
 
 static const char *dtype_name(int32_t dt) {
     return dt == SDPA_DTYPE_F16 ? "f16" : dt == SDPA_DTYPE_BF16 ? "bf16" : "f32";
@@ -233,7 +239,7 @@ typedef struct shape {
     unsigned dtypes;  /* DT_BIT set of the dtype combinations this shape runs with */
 } shape;
 
-#define DT_PREFILL (DT_BIT(DT_F32) | DT_BIT(DT_BF16) | DT_BIT(DT_BF16R) | DT_BIT(DT_F16KV))
+#define DT_PREFILL (DT_BIT(DT_F32) | DT_BIT(DT_BF16) | DT_BIT(DT_BF16R) | DT_BIT(DT_BF16AMX) | DT_BIT(DT_F16KV))
 #define DT_DECODE (DT_BIT(DT_F32) | DT_BIT(DT_F16KV) | DT_BIT(DT_BF16KV))
 #define F32_ONLY DT_BIT(DT_F32)
 
@@ -260,6 +266,8 @@ static const shape smoke_shapes[] = {
     {"peak", 0, 0, 0, 0, 0, 0, 0, F32_ONLY},
     {"dense", 1, 2, 16, 16, 8, 0, 0, DT_ALL},
     {"dense", 2, 3, 70, 70, 16, 0, 0, F32_ONLY},
+    /* E = 32: a head size the AMX column takes (bf16amx), 200 keys: a partial 128-key tile */
+    {"dense", 1, 2, 72, 200, 32, 0, 0, DT_BIT(DT_F32) | DT_BIT(DT_BF16R) | DT_BIT(DT_BF16AMX)},
     {"causal", 1, 2, 33, 33, 8, 1, 0, F32_ONLY},
     {"cross", 2, 2, 5, 40, 8, 0, 0, F32_ONLY},
     {"decode", 1, 4, 1, 64, 16, 0, 0, DT_ALL},
@@ -524,6 +532,7 @@ static void fma_peak(path p, int threads) {
 /* CPU flags that name the reduced-precision hardware paths (Linux /proc/cpuinfo), for the
  * rows' notes: what a target "with AVX512-BF16" / "with AMX" can be measured on. */
 static char cpu_flags[160] = "unknown";
+static char amx_status[120] = "not_requested"; /* what sdpa_request_amx() answered (bf16amx rows) */
 static void read_cpu_flags(void) {
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (!f)
@@ -1083,6 +1092,11 @@ static void add_candidate(candidate *c, path p, int threads, const shape_data *d
 #else
         snprintf(c->note, sizeof c->note, "blas_default_threads");
 #endif
+    }
+    if (d->dt->amx && path_is_library(p) && !path_is_prev(p) && !sdpa_amx_available()) {
+        c->state = CAND_UNSUPPORTED;
+        snprintf(c->note, sizeof c->note, "not_run:AMX_unavailable:%s", amx_status);
+        sanitize(c->note);
     }
     if (path_is_fma(p)) {
         if (fma_flops_per_thread(p) == 0) {
@@ -2310,7 +2324,7 @@ static void usage(FILE *f) {
             "usage: sdpa-bench [--smoke] [--reps N] [--warmup N] [--min-time-ms T] [--threads 1,2]\n"
             "                  [--shapes SUBSTR[,SUBSTR...]] [--csv FILE] [--tol X]\n"
             "                  [--flush decode|all|none] [--flush-mb N] [--no-rss] [--list]\n"
-            "                  [--dtypes f32,f16kv,bf16kv,bf16,bf16r] [--baseline PATH|none] [--self-test]\n"
+            "                  [--dtypes f32,f16kv,bf16kv,bf16,bf16r,bf16amx] [--baseline PATH|none] [--self-test]\n"
             "  --smoke        tiny shapes, 2 repetitions (the meson test)\n"
             "  --reps N       timed repetitions per candidate (default 5; smoke 2)\n"
             "  --warmup N     untimed calls per candidate before the memory probe (default 1)\n"
@@ -2325,7 +2339,8 @@ static void usage(FILE *f) {
             "                 memory-...)\n"
             "  --dtypes       dtype combinations to run, where a shape has them (default all):\n"
             "                 f32; f16kv / bf16kv = f32 q and out, f16 / bf16 k and v; bf16 = all bf16;\n"
-            "                 bf16r = all bf16 at SDPA_PRECISION_REDUCED (bf16 dot products, P rounded)\n"
+            "                 bf16r = all bf16 at SDPA_PRECISION_REDUCED (bf16 dot products, P rounded);\n"
+            "                 bf16amx = bf16r after sdpa_request_amx() (AMX-BF16 tiles; these rows run last)\n"
             "  --baseline P   a previous release's libsdpa.so (0.3.x) for the prev-0.3 candidates;\n"
             "                 default: the meson option bench_baseline; 'none': do not load one\n"
             "  --self-test    check the f16/bf16 conversion helpers and exit\n"
@@ -2591,12 +2606,28 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     double t_start = now_ms();
+    int amx_rows = 0;
     for (size_t i = 0; i < nshapes; ++i)
         if (shape_selected(&shapes[i], cfg.shapes_filter))
             for (int dt = 0; dt < DT_COUNT; ++dt)
-                if (shapes[i].dtypes & cfg.dtypes & DT_BIT(dt))
-                    bench_case(&shapes[i], &dtype_combos[dt], &cfg);
+                if (shapes[i].dtypes & cfg.dtypes & DT_BIT(dt)) {
+                    if (dtype_combos[dt].amx)
+                        amx_rows = 1;
+                    else
+                        bench_case(&shapes[i], &dtype_combos[dt], &cfg);
+                }
     sv_run_all(&cfg); /* the serving rows (issue 10) */
+    if (amx_rows) { /* the application's AMX opt-in, after every row that must not use AMX */
+        const sdpa_status ast = sdpa_request_amx();
+        snprintf(amx_status, sizeof amx_status, "%s", ast == SDPA_OK ? "granted" : sdpa_last_error_message());
+        printf("# sdpa_request_amx(): %s; bf16amx rows follow\n", ast == SDPA_OK ? "SDPA_OK" : amx_status);
+        sanitize(amx_status);
+        for (size_t i = 0; i < nshapes; ++i)
+            if (shape_selected(&shapes[i], cfg.shapes_filter))
+                for (int dt = 0; dt < DT_COUNT; ++dt)
+                    if (dtype_combos[dt].amx && (shapes[i].dtypes & cfg.dtypes & DT_BIT(dt)))
+                        bench_case(&shapes[i], &dtype_combos[dt], &cfg);
+    }
     printf("# done in %.1f s%s\n", (now_ms() - t_start) / 1e3, any_failure ? "; FAILURES (see status column)" : "");
     if (csv_file)
         fclose(csv_file);
