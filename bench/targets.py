@@ -122,6 +122,8 @@ def targets_issue9(bench_rows, torch_rows=None, n2=2, prev_allowance=PREV_ALLOWA
         r = R.get(shape, path, dtype, n, isa)
         if r is not None and r["status"] == "unsupported" and "SDPA_ERR_DTYPE" in r.get("note", ""):
             return "not run (library answers SDPA_ERR_DTYPE for " + dtype + ")"
+        if r is not None and r["status"] == "unsupported" and "AMX_unavailable" in r.get("note", ""):
+            return "not run (sdpa_request_amx() refused: " + r["note"].split("AMX_unavailable:", 1)[-1] + ")"
         return None
 
     def where(shape, dtype="f32", n=n2, isa="native", path="auto"):
@@ -206,8 +208,11 @@ def targets_issue9(bench_rows, torch_rows=None, n2=2, prev_allowance=PREV_ALLOWA
         f32_ms = R.ms(name, "auto", "f32")
         if name == big:
             for hw, flag, goal in (("AVX512-BF16", "avx512_bf16", 1.6), ("AMX", "amx_bf16", 4.0)):
-                # measured on bf16r (SDPA_PRECISION_REDUCED: bf16 dot products, P rounded); bf16 is DEFAULT
+                # measured on bf16r (SDPA_PRECISION_REDUCED: bf16 dot products, P rounded; bf16 is
+                # DEFAULT), AMX on bf16amx (the same calls after sdpa_request_amx())
                 dtr = "bf16r" if R.get(name, "auto", "bf16r") is not None else "bf16"
+                if hw == "AMX" and R.get(name, "auto", "bf16amx") is not None:
+                    dtr = "bf16amx"
                 lib = R.ms(name, "auto", dtr)
                 label = f"bf16 prefill {name} with {hw}: our f32 time / {dtr} time ({n2}t)"
                 detail = f"f32 {fmt(f32_ms, '.1f')} ms, {dtr} {fmt(lib, '.1f')} ms ({R.kernel(name, 'auto', dtr)})"

@@ -58,7 +58,7 @@ typedef struct sdpa__mk_bf16 {
      * (sdpa__amx_softmax_pack). */
     void (*softmax_pack)(const float *t, int64_t n, int64_t w, int64_t ld, float scale, float *m, float *alpha,
                          float *tsum, int32_t *bad, uint32_t *pp, int64_t ldp);
-    /* Query rows per tiled work item (0: SDPA__TILE_Q; at most 128): AMX amortises its packed
+    /* Query rows per tiled work item (0: SDPA__TILE_Q; at most 256): AMX amortises its packed
      * value tile over more rows. */
     int tile_q;
     /* Keys per tile (0: SDPA__TILE_K; at most 128; even): AMX runs P.V over more key pairs per

@@ -40,7 +40,7 @@
 #include <string.h>
 
 #define BM SDPA__TILE_Q /* query rows per work item, unless the bf16 column asks for more (tile_q) */
-#define BM_MAX 128     /* the most a column may ask for: the layout of a REDUCED call holds it */
+#define BM_MAX 256     /* the most a column may ask for: the layout of a REDUCED call holds it */
 #define BN SDPA__TILE_K /* keys per tile, unless the bf16 column asks for more (tile_k) */
 #define BN_MAX 128     /* the most a column may ask for */
 

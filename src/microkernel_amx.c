@@ -247,12 +247,13 @@ void sdpa__amx_pack_v(const uint16_t *v, ptrdiff_t vs, const int32_t *idx, int64
     }
 }
 
-/* 2^y for y in [-150, 128] (clamped): n = round(y), 2^(y - n) by its Taylor polynomial of
- * degree 6 in (y - n) ln 2 (relative error below 2^-22 on [-1/2, 1/2]), scaled by 2^n (VSCALEFPS:
- * results below 2^-149 are 0). */
+/* 2^y for y <= 128 (below -150 clamped: results below 2^-149 are 0; y = -inf gives 0): n =
+ * round(y), 2^(y - n) by its Taylor polynomial of degree 6 in (y - n) ln 2 (relative error below
+ * 2^-22 on [-1/2, 1/2]), scaled by 2^n (VSCALEFPS). The softmax's arguments are at most
+ * SDPA__AMX_LAZY_MAX log2(e) (plus rounding) in every lane that is not flagged bad. */
 AI __m512 exp2_16(__m512 y) {
     static const float c[7] = {1.000000000e+00f, 6.931471806e-01f, 2.402265070e-01f, 5.550410866e-02f, 9.618129108e-03f, 1.333355815e-03f, 1.540353039e-04f};
-    y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-150.0f)), _mm512_set1_ps(128.0f));
+    y = _mm512_max_ps(y, _mm512_set1_ps(-150.0f));
     const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(y, n);
     __m512 p = _mm512_set1_ps(c[6]);
@@ -272,15 +273,18 @@ void sdpa__amx_softmax_pack(const float *t, int64_t n, int64_t w, int64_t ld, fl
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const int64_t np = (n + 1) / 2, npr = (np + 15) / 16 * 16;
     for (int64_t l = 0; l < w; l += 16) {
-        __m512 rmx = ninf; /* max of the raw scores: scale > 0, so scale rmx is the scaled max */
-        __mmask16 bm = 0;
+        /* max and min of the raw scores (scale > 0: scale rmx is the scaled max), and z = sum of
+         * 0 * t, which is NaN iff some t is NaN or infinite */
+        __m512 rmx = ninf, rmn = _mm512_set1_ps(INFINITY), z = _mm512_setzero_ps();
         for (int64_t j = 0; j < n; ++j) {
             const __m512 x = _mm512_loadu_ps(t + j * ld + l);
             rmx = _mm512_max_ps(rmx, x);
-            bm |= not_finite16(x);
+            rmn = _mm512_min_ps(rmn, x);
+            z = _mm512_fmadd_ps(x, _mm512_setzero_ps(), z);
         }
         const __m512 mx = _mm512_mul_ps(sc, rmx);
-        bm |= not_finite16(mx); /* a scaled score that overflowed */
+        /* a scaled score that overflowed (either sign) */
+        const __mmask16 bm = not_finite16(z) | not_finite16(mx) | not_finite16(_mm512_mul_ps(sc, rmn));
         const __m512i old = _mm512_loadu_si512(bad + l);
         _mm512_storeu_si512(bad + l, _mm512_mask_mov_epi32(old, bm, _mm512_set1_epi32(-1)));
         /* the reference point moves only where the tile's max exceeds it by more than the

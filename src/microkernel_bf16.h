@@ -59,7 +59,7 @@ void sdpa__bf16_pack_v_avx512bf16(const uint16_t *v, ptrdiff_t vs, const int32_t
 #endif
 #define SDPA__AMX_VP_LD (SDPA__AMX_TILE_K / 2) /* pairs per packed value column */
 #ifndef SDPA__AMX_TILE_Q
-#define SDPA__AMX_TILE_Q 128 /* query rows per tiled work item on AMX */
+#define SDPA__AMX_TILE_Q 256 /* query rows per tiled work item on AMX */
 #endif
 void sdpa__amx_begin(void);
 void sdpa__amx_end(void);

@@ -698,6 +698,47 @@ static void reduced_precision_within_its_bound(void **state)
     print_paths("all precisions");
 }
 
+/* One query row (E = 32, bf16, every element qbits) against S = 130 bf16 keys: even keys hold
+ * k0bits in their even elements and its negation in the odd ones (or k0bits throughout when
+ * k1bits equals it), odd keys k1bits throughout; scale 0 = the default. The AMX tiled kernel
+ * must return the mean of V (every key's true score is equal). */
+static void amx_overflow_case(uint16_t qbits, uint16_t k0bits, uint16_t k1bits, float scale, const char *what)
+{
+    enum { S = 130, E = 32, Ev = 16 };
+    uint16_t q[E], k[S * E], v[S * Ev];
+    float out[Ev], mean[Ev] = {0};
+    for (int e = 0; e < E; ++e)
+        q[e] = qbits;
+    for (int j = 0; j < S; ++j)
+        for (int e = 0; e < E; ++e)
+            k[j * E + e] = j % 2 ? k1bits : (k1bits == k0bits || e % 2 == 0) ? k0bits : (uint16_t)(k0bits ^ 0x8000);
+    for (int t = 0; t < S * Ev; ++t) {
+        v[t] = encb16(0.25 * (double)((t * 7) % 9) - 1.0);
+        mean[t % Ev] += (float)(decb16(v[t]) / (double)S);
+    }
+    sdpa_tensor tq, tk, tv, to;
+    const int64_t sq[4] = {1, 1, 1, E}, sk[4] = {1, 1, S, E}, sv[4] = {1, 1, S, Ev}, so[4] = {1, 1, 1, Ev};
+    const int64_t stq[4] = {E, E, E, 1}, stk[4] = {S * E, S * E, E, 1}, stv[4] = {S * Ev, S * Ev, Ev, 1},
+                  sto[4] = {Ev, Ev, Ev, 1};
+    assert_int_equal(sdpa_tensor_init_strided(&tq, q, SDPA_DTYPE_BF16, 4, sq, stq), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_strided(&tk, k, SDPA_DTYPE_BF16, 4, sk, stk), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_strided(&tv, v, SDPA_DTYPE_BF16, 4, sv, stv), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_strided(&to, out, SDPA_DTYPE_F32, 4, so, sto), SDPA_OK);
+    sdpa_options opt;
+    sdpa_options_init(&opt);
+    opt.kernel = SDPA_KERNEL_TILED;
+    opt.precision = SDPA_PRECISION_REDUCED;
+    opt.scale = scale;
+    sdpa__dispatch_set_amx_for_testing(1);
+    assert_int_equal(sdpa_attention(&tq, &tk, &tv, &opt, &to, NULL, NULL), SDPA_OK);
+    sdpa__dispatch_set_amx_for_testing(0);
+    assert_non_null(strstr(sdpa_last_kernel(), "tiled-amx-bf16"));
+    for (int d = 0; d < Ev; ++d)
+        if (!(fabs(out[d] - mean[d]) <= 1e-5))
+            fail_msg("tiled-amx-bf16, %s: out[%d] = %g, want the mean of V %g", what, d, (double)out[d],
+                     (double)mean[d]);
+}
+
 /* The AMX-BF16 column (tiled-amx-bf16), where Linux grants AMX: head sizes it takes (E a
  * multiple of 32, Ev of 16), L and S around its 128-row / 128-key tiles, every mask kind and
  * layout, GQA, bf16 scores and/or bf16 P.V; within the REDUCED bound, bit-identical across 1-3
@@ -742,43 +783,13 @@ static void amx_tiles_within_their_bound(void **state)
         case_free(&c);
     }
     g_force_s = 0;
-    /* a scaled score that overflows float32 although q.k does not (scale 2^10, q = k = 2^60,
-     * E = 32: q.k = 2^125): the row is recomputed in double, where every key scores the same,
-     * so out is the mean of V */
-    {
-        const int64_t S = 130, E = 32, Ev = 16;
-        uint16_t q[32], k[130 * 32], v[130 * 16];
-        float out[16], mean[16] = {0};
-        for (int64_t e = 0; e < E; ++e)
-            q[e] = 0x5d80; /* 2^60 */
-        for (int64_t t = 0; t < S * E; ++t)
-            k[t] = 0x5d80;
-        for (int64_t t = 0; t < S * Ev; ++t) {
-            v[t] = encb16(0.25 * (double)((t * 7) % 9) - 1.0);
-            mean[t % Ev] += (float)(decb16(v[t]) / (double)S);
-        }
-        sdpa_tensor tq, tk, tv, to;
-        const int64_t sq[4] = {1, 1, 1, E}, sk[4] = {1, 1, S, E}, sv[4] = {1, 1, S, Ev}, so[4] = {1, 1, 1, Ev};
-        const int64_t stq[4] = {E, E, E, 1}, stk[4] = {S * E, S * E, E, 1}, stv[4] = {S * Ev, S * Ev, Ev, 1},
-                      sto[4] = {Ev, Ev, Ev, 1};
-        assert_int_equal(sdpa_tensor_init_strided(&tq, q, SDPA_DTYPE_BF16, 4, sq, stq), SDPA_OK);
-        assert_int_equal(sdpa_tensor_init_strided(&tk, k, SDPA_DTYPE_BF16, 4, sk, stk), SDPA_OK);
-        assert_int_equal(sdpa_tensor_init_strided(&tv, v, SDPA_DTYPE_BF16, 4, sv, stv), SDPA_OK);
-        assert_int_equal(sdpa_tensor_init_strided(&to, out, SDPA_DTYPE_F32, 4, so, sto), SDPA_OK);
-        sdpa_options opt;
-        sdpa_options_init(&opt);
-        opt.kernel = SDPA_KERNEL_TILED;
-        opt.precision = SDPA_PRECISION_REDUCED;
-        opt.scale = 1024.0f;
-        sdpa__dispatch_set_amx_for_testing(1);
-        assert_int_equal(sdpa_attention(&tq, &tk, &tv, &opt, &to, NULL, NULL), SDPA_OK);
-        sdpa__dispatch_set_amx_for_testing(0);
-        assert_non_null(strstr(sdpa_last_kernel(), "tiled-amx-bf16"));
-        for (int64_t d = 0; d < Ev; ++d)
-            if (!(fabs(out[d] - mean[d]) <= 1e-5))
-                fail_msg("tiled-amx-bf16: an overflowed scaled score: out[%lld] = %g, want the mean of V %g",
-                         (long long)d, (double)out[d], (double)mean[d]);
-    }
+    /* float32 scores that are not finite although q and k are: the rows are recomputed in
+     * double, where every key scores the same, so out is the mean of V. A scaled score that
+     * overflows (scale 2^10, q = k = 2^60, E = 32: q.k = 2^125 but 2^135 scaled), and NaN raw
+     * scores (products of +-2^64 overflow to +-Inf: Inf - Inf) beside finite ones (k = 0, which
+     * would hide the NaN from a running max) */
+    amx_overflow_case(0x5d80, 0x5d80, 0x5d80, 1024.0f, "an overflowed scaled score");
+    amx_overflow_case(0x5f80, 0x5f80, 0x0000, 0.0f, "NaN raw scores beside finite ones");
     /* blocked rows: the tiled kernel on AMX, E = 64, S with a partial last key block; key
      * lengths S - 2 = 201: the last tile holds an odd number of keys (73) */
     int checked = 0;
