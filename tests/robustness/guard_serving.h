@@ -12,4 +12,10 @@ void serving_case(rb_rng *r, int64_t n);
 /* Counts for the summary line. */
 extern int64_t g_sv_cases, g_sv_calls, g_sv_unsupported, g_sv_paged, g_sv_packed, g_sv_f16, g_sv_bf16;
 
+/* Set by test_guard under SDPA_MAX_ISA=amx once sdpa_request_amx() succeeded: half the cases are
+ * drawn for the AMX column (bf16, SDPA_PRECISION_REDUCED, E a multiple of 32, Ev of 16);
+ * g_sv_amx_calls counts the calls that ran tiled-amx-bf16. */
+extern int g_sv_amx;
+extern int64_t g_sv_amx_calls;
+
 #endif

@@ -25,9 +25,11 @@
  *
  *   test_guard [cases [seed]]          default 300 cases, seed 1, on the ISA SDPA_MAX_ISA names
  *   test_guard all-isas [cases [seed]] reruns itself once per ISA the CPU has (SDPA_MAX_ISA =
- *                                      portable, avx2, avx512: the library reads it once per
- *                                      process) and prints "not run: <isa> (CPU lacks it)" for
- *                                      the others, which do not count as passed
+ *                                      portable, avx2, avx512, amx: the library reads it once per
+ *                                      process; the amx child calls sdpa_request_amx() and draws
+ *                                      half its serving cases for the AMX column) and prints
+ *                                      "not run: <isa> (...)" for the others, which do not count
+ *                                      as passed
  */
 #include <math.h>
 #include <spawn.h>
@@ -1101,7 +1103,7 @@ static int isa_available(const char *isa)
     __builtin_cpu_init();
     if (strcmp(isa, "avx2") == 0)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (strcmp(isa, "avx512") == 0)
+    if (strcmp(isa, "avx512") == 0 || strcmp(isa, "amx") == 0)
         return __builtin_cpu_supports("avx512f");
 #else
     if (strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512") == 0)
@@ -1115,10 +1117,11 @@ extern char **environ;
 /* One child per ISA (the library reads SDPA_MAX_ISA once per process). */
 static int run_all_isas(const char *self, int argc, char **argv)
 {
-    static const char *const ISAS[3] = {"portable", "avx2", "avx512"};
+    /* "amx": AVX-512 with the AMX column, after the child's sdpa_request_amx() (exit 77: not run) */
+    static const char *const ISAS[4] = {"portable", "avx2", "avx512", "amx"};
     int failed = 0, ran = 0;
     char not_run[64] = "";
-    for (int t = 0; t < 3; ++t) {
+    for (int t = 0; t < 4; ++t) {
         if (!isa_available(ISAS[t])) {
             printf("test_guard: not run: %s (CPU lacks it)\n", ISAS[t]);
             strcat(not_run, " ");
@@ -1136,6 +1139,11 @@ static int run_all_isas(const char *self, int argc, char **argv)
         if (posix_spawn(&pid, self, NULL, NULL, args, environ) != 0 || waitpid(pid, &status, 0) != pid) {
             perror("posix_spawn");
             return 2;
+        }
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+            strcat(not_run, " ");
+            strcat(not_run, ISAS[t]);
+            continue;
         }
         ++ran;
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -1160,6 +1168,13 @@ int main(int argc, char **argv)
         printf("test_guard: not run: this CPU lacks %s (SDPA_MAX_ISA=%s)\n", isa, isa);
         return 77;
     }
+    if (strcmp(isa, "amx") == 0) { /* the application's opt-in; then half the serving cases are AMX's */
+        if (sdpa_request_amx() != SDPA_OK) {
+            printf("test_guard: not run: amx (%s)\n", sdpa_last_error_message());
+            return 77;
+        }
+        g_sv_amx = 1;
+    }
     rb_rng r = {seed * 0x9E3779B97F4A7C15ull + 7};
     rb_rng rs = {seed * 0x9E3779B97F4A7C15ull + 11};
     for (int64_t n = 0; n < cases; ++n) {
@@ -1180,5 +1195,12 @@ int main(int argc, char **argv)
            (long long)g_mha_calls, (long long)g_merge_calls, (long long)g_mask_calls, g_kernels, (long long)g_sv_cases,
            (long long)g_sv_calls, (long long)g_sv_paged, (long long)g_sv_packed, (long long)g_sv_f16, (long long)g_sv_bf16,
            (long long)g_sv_unsupported, rb_failures);
+    if (g_sv_amx) {
+        printf("test_guard (SDPA_MAX_ISA=amx): %lld serving calls ran tiled-amx-bf16\n", (long long)g_sv_amx_calls);
+        if (g_sv_amx_calls == 0 && cases > 0) {
+            printf("test_guard: FAILED: AMX was granted but no call ran the AMX column\n");
+            return 1;
+        }
+    }
     return rb_failures ? 1 : 0;
 }
