@@ -306,7 +306,7 @@ typedef enum sdpa_weights_stage {
 /** Which kernel sdpa_attention() runs (sdpa_options.kernel). AUTO picks by shape; a forced
  *  kernel that cannot serve the call fails with SDPA_ERR_UNSUPPORTED (nothing written).
  *  All kernels give the same results within float32 rounding; with the same kernel, the
- *  same SIMD set (see sdpa_last_kernel(); SDPA_MAX_ISA=portable|avx2|avx512 in the environment
+ *  same SIMD set (see sdpa_last_kernel(); SDPA_MAX_ISA=portable|avx2|avx512|amx in the environment
  *  caps it, read once per process, at the first call that runs a kernel) and the same inputs, the result does not depend on num_threads
  *  (bit for bit). AUTO: reference when weights are requested, decode for L <= 4, else tiled.
  *  TILED and DECODE produce no weights (forcing them with weights is SDPA_ERR_UNSUPPORTED). */
@@ -352,7 +352,15 @@ typedef enum sdpa_kernel {
  *   In 0.4, REDUCED computes Q.K^T with VDPBF16PS in the tiled and decode kernels when q and k
  *   are bf16 and the CPU has AVX512-BF16; with bf16 v the tiled kernel also rounds each
  *   probability to bf16 (nearest even; below 2^-126 to 0) and computes P.V with VDPBF16PS
- *   (sdpa_last_kernel() then names "tiled-avx512bf16"). The row sum l, the online softmax and
+ *   (sdpa_last_kernel() then names "tiled-avx512bf16"). After sdpa_request_amx() the tiled
+ *   kernel uses AMX-BF16 tiles instead ("tiled-amx-bf16", head sizes as sdpa_request_amx()
+ *   says): the same bound, with two differences in how it is met. On tiles every row may fully
+ *   attend (and without softcap, ALiBi or dropout, with scale > 0) the probabilities are
+ *   exp(s - m) for a reference point m that moves only when a tile's max exceeds it by more
+ *   than 8 (so P <= e^8 and Ot is rarely rescaled; out = Ot / l and lse = m + log l are the same
+ *   quantities), computed as 2^(t * scale * log2 e - m * log2 e) with a degree-6 polynomial
+ *   (relative error below 2^-21, inside the bound's 32 u). Its results differ in the last bits
+ *   from the AVX512-BF16 path's; like every path they do not depend on the thread count. The row sum l, the online softmax and
  *   the accumulation stay float32 (l sums the unrounded probabilities). f16 v keeps float32
  *   probabilities (no f16 dot product here), and the reference kernel keeps the F32
  *   arithmetic. DEFAULT and F32 never use VDPBF16PS: its subnormal handling (inputs read as 0)
@@ -1048,6 +1056,15 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mha_workspace_size(const sdpa_mha_param
  * Ask Linux for this process's permission to use Intel AMX tile data (the application's
  * explicit opt-in; libsdpa never asks on its own, DESIGN.md section 7). AMX-BF16 kernels are
  * used only once permission is granted (see sdpa_amx_available()).
+ *
+ * What it enables (after 0.5.0): under SDPA_PRECISION_REDUCED, the tiled kernel computes the
+ * bf16 products (Q.K^T when q and k are bf16, P.V when v is bf16) on AMX tiles
+ * (sdpa_last_kernel() names "tiled-amx-bf16") where E is a multiple of 32 up to 256 and Ev a
+ * multiple of 16; other head sizes, the decode kernel and DEFAULT/F32 calls are unchanged
+ * (AVX512-BF16 or float32). SDPA_MAX_ISA=avx512 (or lower) in the environment leaves AMX out
+ * ("amx" or unset: allowed). A thread that runs a work item on AMX configures its tiles at the
+ * item's start and releases them (TILERELEASE) at its end: AMX tile state of the calling thread
+ * (or of a thread of the caller's pool running a task) is not preserved across sdpa_attention().
  *
  * It calls arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 18), as the Linux kernel's
  * Documentation/arch/x86/xstate.rst describes. The permission is per process, lasts for its

@@ -25,10 +25,17 @@
  * rounded to bf16 (nearest even) and packed in key pairs, the tile's V rows are packed in key
  * pairs once per (item, kv tile), and Ot = alpha Ot + V_tile^T P runs on VDPBF16PS. Softmax,
  * l and Ot stay float32. DEFAULT / F32 never take these paths (exact widening, same bits as f32).
+ * With AMX granted (the AMX column, dispatch.h) items are 256 query rows and tiles 128 keys
+ * (tile_q, tile_k: more rows per packed V tile, more key pairs per load and store of the
+ * accumulator tiles); P.V of a causal diagonal tile runs over all its keys (pv_whole_tile);
+ * fully allowed tiles without softcap, ALiBi or dropout take raw scores and the column's fused
+ * softmax_pack (scale, lazy reference point, P packed to bf16 pairs in one pass); the column's
+ * begin/end configure and release this thread's tiles around the item's tile loop.
  * Extra memory: per thread, tiles of (E + TILE_K + Ev) x TILE_Q floats, TILE_K x Ev floats and
  * the loader tiles (TILE_Q x E, TILE_K x E, TILE_K x Ev floats; the last one also holds the
  * f16/bf16 out rows before they are narrowed), under REDUCED with bf16 v also TILE_K / 2 x
- * (TILE_Q + Ev) pairs;
+ * (TILE_Q + Ev) pairs; under REDUCED every tile is sized for 256 rows and 128 keys (whatever
+ * the AMX permission: it may be granted between planning and the run);
  * nothing grows with L or S. Work items are the same for every thread count, so results are
  * bit-identical for any num_threads. */
 #include "kernel.h"

@@ -248,8 +248,8 @@ void sdpa__amx_pack_v(const uint16_t *v, ptrdiff_t vs, const int32_t *idx, int64
 }
 
 /* 2^y for y <= 128 (below -150 clamped: results below 2^-149 are 0; y = -inf gives 0): n =
- * round(y), 2^(y - n) by its Taylor polynomial of degree 6 in (y - n) ln 2 (relative error below
- * 2^-22 on [-1/2, 1/2]), scaled by 2^n (VSCALEFPS). The softmax's arguments are at most
+ * round(y), 2^(y - n) by its Taylor polynomial of degree 6 in (y - n) ln 2 (relative error at
+ * most 2.4e-7, below 2^-21, on [-1/2, 1/2] in float32 Horner steps), scaled by 2^n (VSCALEFPS). The softmax's arguments are at most
  * SDPA__AMX_LAZY_MAX log2(e) (plus rounding) in every lane that is not flagged bad. */
 AI __m512 exp2_16(__m512 y) {
     static const float c[7] = {1.000000000e+00f, 6.931471806e-01f, 2.402265070e-01f, 5.550410866e-02f, 9.618129108e-03f, 1.333355815e-03f, 1.540353039e-04f};

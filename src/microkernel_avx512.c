@@ -199,10 +199,22 @@ AI __m512 ld16z(const int DT, __mmask16 m, const void *p) {
  * caches hold. Measured against _MM_HINT_T0 in one process, 2 threads, f32 decode
  * (1,32,1,4096,128): 0.86 -> 1.00 of the bandwidth floor; (8,32,1,1024,128): 0.80 -> 0.92;
  * GQA 32/8 (8,32,1,1024,128): 0.71 -> 0.81. */
+/* On Intel (a 2-vCPU Sapphire-Rapids-class VM with AMX) NTA made the same decode 2.3-2.5x
+ * slower than T0 or T1 (1,32,1,4096,128 f32, 2 threads: 13 ms vs 5.6 / 5.3 ms; bw floor 4.4):
+ * there T1 (into L2 and below), measured best for MHA decode (f16 K/V 3.16 ms vs T0 3.57),
+ * equal for GQA. The choice is made once per process from the CPU vendor
+ * (sdpa__avx512_set_prefetch_nta, dispatch.c); a prefetch never changes a result. */
+int sdpa__avx512_pf_nta = 1;
+void sdpa__avx512_set_prefetch_nta(int nta) { sdpa__avx512_pf_nta = nta; }
+
 AI void prefetch_at(const void *r, int64_t bytes, int64_t ahead) {
     const char *c = (const char *)r + ahead;
-    for (int64_t b = 0; b < bytes; b += 64)
-        _mm_prefetch(c + b, _MM_HINT_NTA);
+    if (sdpa__avx512_pf_nta)
+        for (int64_t b = 0; b < bytes; b += 64)
+            _mm_prefetch(c + b, _MM_HINT_NTA);
+    else
+        for (int64_t b = 0; b < bytes; b += 64)
+            _mm_prefetch(c + b, _MM_HINT_T1);
 }
 
 /* Into every level (T0): for rows a kernel reads in more than one pass (axpym_block reads a V
