@@ -698,6 +698,25 @@ static void reduced_precision_within_its_bound(void **state)
     print_paths("all precisions");
 }
 
+/* NaN (nan = 1) or Inf encodings into every K/V row at or beyond a key length and every query
+ * row at or beyond a query length (rows nothing may read). */
+static void poison_unread(cas *c, int nan)
+{
+    for (int64_t b = 0; b < c->B; ++b) {
+        for (int64_t g = 0; g < c->Hkv; ++g)
+            for (int64_t j = c->klen[b]; j < c->S; ++j) {
+                for (int64_t e = 0; e < c->E; ++e)
+                    put_raw(c->k.dt, c->k.data, tidx(&c->k, b, g, j, e), (int)(e + nan) & 1);
+                for (int64_t e = 0; e < c->Ev; ++e)
+                    put_raw(c->v.dt, c->v.data, tidx(&c->v, b, g, j, e), (int)(e + nan + 1) & 1);
+            }
+        for (int64_t h = 0; h < c->Hq; ++h)
+            for (int64_t i = c->qlen[b]; i < c->L; ++i)
+                for (int64_t e = 0; e < c->E; ++e)
+                    put_raw(c->q.dt, c->q.data, tidx(&c->q, b, h, i, e), nan);
+    }
+}
+
 /* One query row (E = 32, bf16, every element qbits) against S = 130 bf16 keys: even keys hold
  * k0bits in their even elements and its negation in the odd ones (or k0bits throughout when
  * k1bits equals it), odd keys k1bits throughout; scale 0 = the default. The AMX tiled kernel
@@ -813,19 +832,7 @@ static void amx_tiles_within_their_bound(void **state)
         opt.precision = SDPA_PRECISION_REDUCED;
         assert_int_equal(sdpa_attention(&c.q.view, &c.k.view, &c.v.view, &opt, &clean.to, NULL, &clean.tl), SDPA_OK);
         assert_non_null(strstr(sdpa_last_kernel(), "tiled-amx-bf16"));
-        for (int64_t b = 0; b < c.B; ++b) {
-            for (int64_t g = 0; g < c.Hkv; ++g)
-                for (int64_t j = c.klen[b]; j < c.S; ++j) {
-                    for (int64_t e = 0; e < c.E; ++e)
-                        put_raw(c.k.dt, c.k.data, tidx(&c.k, b, g, j, e), (int)(e + nan) & 1);
-                    for (int64_t e = 0; e < c.Ev; ++e)
-                        put_raw(c.v.dt, c.v.data, tidx(&c.v, b, g, j, e), (int)(e + nan + 1) & 1);
-                }
-            for (int64_t h = 0; h < c.Hq; ++h)
-                for (int64_t i = c.qlen[b]; i < c.L; ++i)
-                    for (int64_t e = 0; e < c.E; ++e)
-                        put_raw(c.q.dt, c.q.data, tidx(&c.q, b, h, i, e), nan);
-        }
+        poison_unread(&c, nan);
         memset(dirty.out, 0x11, out_bytes(&c, c.out_dt));
         assert_int_equal(sdpa_attention(&c.q.view, &c.k.view, &c.v.view, &opt, &dirty.to, NULL, &dirty.tl), SDPA_OK);
         if (memcmp(clean.out, dirty.out, out_bytes(&c, c.out_dt)) != 0 || memcmp(clean.lse, dirty.lse, lse_bytes(&c)) != 0)
@@ -882,19 +889,7 @@ static void nonfinite_encodings_never_leak(void **state)
                             continue;
                         assert_int_equal(st, SDPA_OK);
                         /* poison every row nothing attends */
-                        for (int64_t b = 0; b < c.B; ++b) {
-                            for (int64_t g = 0; g < c.Hkv; ++g)
-                                for (int64_t j = c.klen[b]; j < c.S; ++j) {
-                                    for (int64_t e = 0; e < c.E; ++e)
-                                        put_raw(c.k.dt, c.k.data, tidx(&c.k, b, g, j, e), (int)(e + nan) & 1);
-                                    for (int64_t e = 0; e < c.Ev; ++e)
-                                        put_raw(c.v.dt, c.v.data, tidx(&c.v, b, g, j, e), (int)(e + nan + 1) & 1);
-                                }
-                            for (int64_t h = 0; h < c.Hq; ++h)
-                                for (int64_t i = c.qlen[b]; i < c.L; ++i)
-                                    for (int64_t e = 0; e < c.E; ++e)
-                                        put_raw(c.q.dt, c.q.data, tidx(&c.q, b, h, i, e), nan);
-                        }
+                        poison_unread(&c, nan);
                         memset(dirty.out, 0x11, out_bytes(&c, c.out_dt));
                         st = sdpa_attention(&c.q.view, &c.k.view, &c.v.view, &opt, &dirty.to, NULL, &dirty.tl);
                         assert_int_equal(st, SDPA_OK);
