@@ -1036,8 +1036,14 @@ int main(void)
     };
     /* the application's AMX opt-in (sdpa.h), once for the process; the AMX column is then
      * allowed only where a test says so (run_case's last level) */
+    const char *cap = getenv("SDPA_MAX_ISA");
     if (!sdpa__cpu_features()->amx_bf16) {
         snprintf(g_amx_why, sizeof g_amx_why, "this CPU lacks AMX-BF16");
+    } else if (!sdpa__cpu_has_isa(SDPA__ISA_AVX512) || !sdpa__cpu_features()->avx512bf16) {
+        snprintf(g_amx_why, sizeof g_amx_why, "AVX-512 / AVX512-BF16 not available (valgrind masks them)");
+    } else if (cap != NULL && strcmp(cap, "amx") != 0 &&
+               (!strcmp(cap, "portable") || !strcmp(cap, "avx2") || !strcmp(cap, "avx512"))) {
+        snprintf(g_amx_why, sizeof g_amx_why, "SDPA_MAX_ISA=%s leaves AMX out", cap);
     } else if (sdpa_request_amx() != SDPA_OK) {
         snprintf(g_amx_why, sizeof g_amx_why, "%s", sdpa_last_error_message());
     } else {
