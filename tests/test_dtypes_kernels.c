@@ -698,6 +698,17 @@ static void reduced_precision_within_its_bound(void **state)
     print_paths("all precisions");
 }
 
+/* Rows nothing may read: a padding query row in batch 0, the last two keys beyond the key
+ * lengths (the case must have been made with MK_KEYLEN). */
+static void unread_rows(cas *c)
+{
+    c->qlen[0] = c->L > 1 ? c->L - 1 : c->L;
+    c->qlen[1] = c->L;
+    c->opt.query_lengths = c->qlen;
+    for (int64_t b = 0; b < c->B; ++b)
+        c->klen[b] = c->S > 2 ? c->S - 2 : c->S;
+}
+
 /* NaN (nan = 1) or Inf encodings into every K/V row at or beyond a key length and every query
  * row at or beyond a query length (rows nothing may read). */
 static void poison_unread(cas *c, int nan)
@@ -818,11 +829,7 @@ static void amx_tiles_within_their_bound(void **state)
     for (int nan = 0; nan < 2; ++nan) {
         cas c;
         case_make(&c, BF16, BF16, BF16, BF16, F32, 0, MK_KEYLEN, LAY_PAD);
-        c.qlen[0] = c.L > 1 ? c.L - 1 : c.L;
-        c.qlen[1] = c.L;
-        c.opt.query_lengths = c.qlen;
-        for (int64_t b = 0; b < c.B; ++b)
-            c.klen[b] = c.S > 2 ? c.S - 2 : c.S;
+        unread_rows(&c);
         outbuf clean, dirty;
         outbuf_make(&clean, &c, c.out_dt);
         outbuf_make(&dirty, &c, c.out_dt);
@@ -864,11 +871,7 @@ static void nonfinite_encodings_never_leak(void **state)
             for (int nan = 0; nan < 2; ++nan) {
                 cas c;
                 case_make(&c, dts[t][0], dts[t][1], dts[t][2], (t + nan) % 3, F32, decode, MK_KEYLEN, LAY_PAD);
-                c.qlen[0] = c.L > 1 ? c.L - 1 : c.L; /* a padding query row in batch 0 */
-                c.qlen[1] = c.L;
-                c.opt.query_lengths = c.qlen;
-                for (int64_t b = 0; b < c.B; ++b)
-                    c.klen[b] = c.S > 2 ? c.S - 2 : c.S;
+                unread_rows(&c);
                 outbuf clean, dirty;
                 outbuf_make(&clean, &c, c.out_dt);
                 outbuf_make(&dirty, &c, c.out_dt);
