@@ -43,7 +43,6 @@ static void detect(void) {
         return;
     }
     const unsigned max_leaf = a;
-    c.amd = b == 0x68747541u && d == 0x69746e65u && cx == 0x444d4163u; /* "AuthenticAMD" */
     if (__get_cpuid(1, &a, &b, &cx, &d) == 0) {
         cpu_features = c;
         return;

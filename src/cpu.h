@@ -24,7 +24,6 @@ typedef struct sdpa__cpu {
     bool avx512bf16; /* VCVTNE2PS2BF16, VCVTNEPS2BF16, VDPBF16PS */
     bool avx512fp16;
     bool amx_tile, amx_bf16;
-    bool amd; /* vendor "AuthenticAMD" (CPUID leaf 0): picks the decode prefetch hint */
 } sdpa__cpu;
 
 /* The features of this CPU; one CPUID/XGETBV read per process (pthread_once), never NULL. */

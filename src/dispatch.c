@@ -66,9 +66,6 @@ static sdpa__isa cpu_isa(void) {
 
 static void detect(void) {
     g_cpu_isa = cpu_isa();
-#if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
-    sdpa__avx512_set_prefetch_nta(sdpa__cpu_features()->amd);
-#endif
     g_process_isa = g_cpu_isa;
     const char *cap = getenv("SDPA_MAX_ISA"); /* once per process */
     if (cap != NULL && strcmp(cap, "portable") == 0)

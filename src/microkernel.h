@@ -130,9 +130,6 @@ void sdpa__avx2_unpack_lanes(const float *t, int64_t ld, int64_t nrows, int64_t 
 #endif
 #if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
 extern const sdpa__mk sdpa__mk_avx512; /* src/microkernel_avx512.c, built with -mavx512f */
-/* The decode rows kernels' software prefetch: non-temporal (1, AMD) or T1 (0, others); set
- * once by dispatch.c before any kernel runs. */
-void sdpa__avx512_set_prefetch_nta(int nta);
 #endif
 
 /* Whether every element of a strided vector is finite (any stride; unit stride goes through

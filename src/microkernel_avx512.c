@@ -194,27 +194,18 @@ AI __m512 ld16z(const int DT, __mmask16 m, const void *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Non-temporal: a decode reads each K/V line once (the multi-row kernels and the sub-tiles of
- * the per-row loop re-read it from L1 right away), so the stream should not displace what the
- * caches hold. Measured against _MM_HINT_T0 in one process, 2 threads, f32 decode
- * (1,32,1,4096,128): 0.86 -> 1.00 of the bandwidth floor; (8,32,1,1024,128): 0.80 -> 0.92;
- * GQA 32/8 (8,32,1,1024,128): 0.71 -> 0.81. */
-/* On Intel (a 2-vCPU Sapphire-Rapids-class VM with AMX) NTA made the same decode 2.3-2.5x
- * slower than T0 or T1 (1,32,1,4096,128 f32, 2 threads: 13 ms vs 5.6 / 5.3 ms; bw floor 4.4):
- * there T1 (into L2 and below), measured best for MHA decode (f16 K/V 3.16 ms vs T0 3.57),
- * equal for GQA. The choice is made once per process from the CPU vendor
- * (sdpa__avx512_set_prefetch_nta, dispatch.c); a prefetch never changes a result. */
-int sdpa__avx512_pf_nta = 1;
-void sdpa__avx512_set_prefetch_nta(int nta) { sdpa__avx512_pf_nta = nta; }
-
+/* T1 (into L2 and below): a decode reads each K/V line once (the multi-row kernels and the
+ * sub-tiles of the per-row loop re-read it from L1 right away). Measured in one process per
+ * CPU, 2 threads, medians: on a Sapphire-Rapids-class VM, (1,32,1,4096,128) f32 NTA 13.0 /
+ * T0 5.56 / T1 5.28 ms (floor 4.37); on an AMD EPYC (Zen 4) VM, 2 runs alternated, T1 against
+ * NTA (which an earlier run there had measured better than T0): (1,32,1,4096,128) f32 4.2-5.0
+ * vs 5.9-6.1 ms, f16 K/V 2.4 vs 3.3 ms, (8,32,1,1024,128) f32 9.6-10.2 vs 12.0-12.5 ms, GQA
+ * 32/8 (8,32,1,1024,128) f32 2.6-2.7 vs 3.7-3.9 ms, paged (block size 16, random order)
+ * f32 5.3-5.5 vs 7.5-7.7 ms. A prefetch never changes a result. */
 AI void prefetch_at(const void *r, int64_t bytes, int64_t ahead) {
     const char *c = (const char *)r + ahead;
-    if (sdpa__avx512_pf_nta)
-        for (int64_t b = 0; b < bytes; b += 64)
-            _mm_prefetch(c + b, _MM_HINT_NTA);
-    else
-        for (int64_t b = 0; b < bytes; b += 64)
-            _mm_prefetch(c + b, _MM_HINT_T1);
+    for (int64_t b = 0; b < bytes; b += 64)
+        _mm_prefetch(c + b, _MM_HINT_T1);
 }
 
 /* Into every level (T0): for rows a kernel reads in more than one pass (axpym_block reads a V
