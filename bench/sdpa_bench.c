@@ -1574,6 +1574,7 @@ typedef struct sv_bw_task {
     const sv_seg *segs;
     int nseg;
     size_t lo, hi, elem; /* elements [lo, hi) of the concatenated segments */
+    int prefetch;        /* before reading a segment, prefetch the next one (into L2) */
     float result;
 } sv_bw_task;
 
@@ -1585,6 +1586,11 @@ static void *sv_bw_main(void *arg) {
         const size_t a = t->lo > base ? t->lo - base : 0;
         const size_t b = t->hi - base < t->segs[i].n ? t->hi - base : t->segs[i].n;
         if (t->hi > base && a < b) {
+            if (t->prefetch && i + 1 < t->nseg) { /* the next run, one run ahead (T1 on x86) */
+                const char *np = (const char *)t->segs[i + 1].p;
+                for (size_t by = 0; by < t->segs[i + 1].n * t->elem; by += 64)
+                    __builtin_prefetch(np + by, 0, 2);
+            }
             if (t->elem == 4)
                 s += sum_floats((const float *)t->segs[i].p + a, b - a);
             else
@@ -1598,8 +1604,9 @@ static void *sv_bw_main(void *arg) {
     return NULL;
 }
 
-/* A sequential read of the segments, split in contiguous equal parts over `threads` pthreads. */
-static void sv_bw_floor(const sv_seg *segs, int nseg, size_t elem, int threads) {
+/* A sequential read of the segments, split in contiguous equal parts over `threads` pthreads;
+ * with prefetch, each segment's read is preceded by a prefetch of the next one. */
+static void sv_bw_floor(const sv_seg *segs, int nseg, size_t elem, int threads, int prefetch) {
     sv_bw_task tasks[64];
     pthread_t tid[64];
     int started[64] = {0};
@@ -1609,7 +1616,7 @@ static void sv_bw_floor(const sv_seg *segs, int nseg, size_t elem, int threads) 
     threads = threads > 64 ? 64 : threads;
     for (int t = 0; t < threads; ++t)
         tasks[t] = (sv_bw_task){segs, nseg, total * (size_t)t / (size_t)threads,
-                                total * (size_t)(t + 1) / (size_t)threads, elem, 0.0f};
+                                total * (size_t)(t + 1) / (size_t)threads, elem, prefetch, 0.0f};
     for (int t = 1; t < threads; ++t)
         started[t] = pthread_create(&tid[t], NULL, sv_bw_main, &tasks[t]) == 0;
     sv_bw_main(&tasks[0]);
@@ -1630,11 +1637,12 @@ static void sv_floor(sv_case *c, const sv_cand *k) {
         /* The paged decode's own runs: per (sequence, kv head), per 8 blocks (128 keys at block
          * size 16: the decode kernel's tile), the K block runs then the V block runs, in block
          * table order, out of the pools; split in contiguous parts over the threads (the
-         * kernel's threads also walk far-apart kv heads). A plain read (no software prefetch) of
-         * the bytes a paged decode must read, as a paged pool lays them out: how the memory
+         * kernel's threads also walk far-apart kv heads). A read of the bytes a paged decode must
+         * read, as a paged pool lays them out, each run's read preceded by a prefetch of the next
+         * run (into L2: one block ahead, as the kernel's rows kernels prefetch): how the memory
          * system serves these runs, next to bw-floor's contiguous read of the same bytes. */
         if (c->pseg != NULL) {
-            sv_bw_floor(c->pseg, c->npseg, es, k->threads);
+            sv_bw_floor(c->pseg, c->npseg, es, k->threads, 1);
             return;
         }
         const int64_t tb = c->bs > 0 && c->bs < 128 ? 128 / c->bs : 1;
@@ -1658,7 +1666,7 @@ static void sv_floor(sv_case *c, const sv_cand *k) {
             }
         c->pseg = segs; /* the first call (the untimed warm-up) builds the list */
         c->npseg = n;
-        sv_bw_floor(segs, n, es, k->threads);
+        sv_bw_floor(segs, n, es, k->threads, 1);
         return;
     }
     if (k->var == SVP_BW || k->var == SVP_BW_DECODE) {
@@ -1679,7 +1687,7 @@ static void sv_floor(sv_case *c, const sv_cand *k) {
                     segs[n++] = (sv_seg){base + (size_t)off * es, (size_t)((c->Tk - c->cu_k[first]) * c->E)};
                 }
         }
-        sv_bw_floor(segs, n, es, k->threads);
+        sv_bw_floor(segs, n, es, k->threads, 0);
         return;
     }
     /* SVP_BLAS_PREFILL: S = Q K^T and O = S V per (prefill chunk, query head), float32. */
@@ -2169,7 +2177,7 @@ static void sv_bench_case(const sv_spec *sp, const dtype_combo *dt, const config
                 snprintf(k->note, sizeof k->note, "decode_rows=%lld", (long long)(c.R - c.n_pre));
                 break;
             case SVP_BW_PAGED:
-                snprintf(k->note, sizeof k->note, "runs=K_then_V_per_128_keys;block_size=%lld;order=random",
+                snprintf(k->note, sizeof k->note, "runs=K_then_V_per_128_keys;prefetch=next_run_T1;block_size=%lld;order=random",
                          (long long)c.bs);
                 break;
             case SVP_SINKS:

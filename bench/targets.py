@@ -391,8 +391,9 @@ def targets_issue10(bench_rows, n2=2):
                 f"{desc(name, 'paged', dt)}; {desc(name, 'dense', dt)}; bw-floor {fmt(fl, '.3f')} ms "
                 f"(paged / floor {fmt(pg / fl if pg and fl else None)}); {fastest(name, 'paged', 'dense', dt)}; {bits}",
                 verdict=prob)
-            # How much of the gap is the memory system's: a plain read of the same block runs in
-            # the kernel's order (bw-floor-paged) against the contiguous read (bw-floor).
+            # How much of the gap is the memory system's: a read of the same block runs in the
+            # kernel's order, each prefetching the next (bw-floor-paged), against the contiguous
+            # read (bw-floor).
             fp = R.ms(name, "bw-floor-paged", dt)
             if fp:
                 add(f"paged decode {'x'.join(map(str, want))} bs16 {dt}: paged-runs read / contiguous read ({n2}t)",
