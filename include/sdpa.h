@@ -573,7 +573,8 @@ typedef struct sdpa_options {
     const int32_t *cu_seqlens_q;
     /** Packed keys (nullable): int32 [num_seqs + 1]; sequence r's keys are rows
      *  [cu_seqlens_k[r], cu_seqlens_k[r+1]) of k [1, Hkv, total_k, E] and v (see cu_seqlens_q;
-     *  NULL with a block table: the paged cache gives the keys). */
+     *  NULL with a block table: the paged cache gives the keys). Only with cu_seqlens_q: set
+     *  without it, SDPA_ERR_INVALID_ARGUMENT (a padded batch gives key_lengths instead). */
     const int32_t *cu_seqlens_k;
     /** Sequences R of a packed batch (>= 0; used only with cu_seqlens_q). */
     int64_t num_seqs;
@@ -671,7 +672,8 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *                                 flag not 0/1; a view's or mask's reserved field or entry
  *                                 beyond rank not 0; alibi_slopes_rank not 0/1/2 or not
  *                                 matching alibi_slopes; parallel_for with threadpool, or
- *                                 with parallel_for_threads < 1
+ *                                 with parallel_for_threads < 1;
+ *                                 cu_seqlens_k without cu_seqlens_q
  * @retval SDPA_ERR_UNSUPPORTED    options->kernel forces a kernel that cannot serve this call;
  *                                 weights, query_lengths, allow_mask or bias with cu_seqlens_q
  * @retval SDPA_ERR_INDEX          (0.5) a block_table entry a valid key reaches is outside

@@ -108,11 +108,13 @@ static sdpa_status paged_make(sdpa__plan *p, const sdpa_tensor *k, const sdpa_te
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->block_table_stride=%lld is smaller than max_blocks_per_seq=%lld", FN,
                           (long long)o->block_table_stride, (long long)o->max_blocks_per_seq);
     int64_t S, span;
-    if (sdpa__mul_overflow(o->max_blocks_per_seq, bs, &S) || S > INT32_MAX ||
-        sdpa__mul_overflow(nseq > 0 ? nseq - 1 : 0, ts, &span) || sdpa__add_overflow(span, o->max_blocks_per_seq, &span) ||
-        sdpa__mul_overflow(span, (int64_t)sizeof(int32_t), &span))
-        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: max_blocks_per_seq=%lld x block_size=%lld (or the block table's extent) overflows", FN,
+    if (sdpa__mul_overflow(o->max_blocks_per_seq, bs, &S) || S > INT32_MAX)
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: max_blocks_per_seq=%lld x block_size=%lld keys overflow int32", FN,
                           (long long)o->max_blocks_per_seq, (long long)bs);
+    if (sdpa__mul_overflow(nseq > 0 ? nseq - 1 : 0, ts, &span) || sdpa__add_overflow(span, o->max_blocks_per_seq, &span) ||
+        sdpa__mul_overflow(span, (int64_t)sizeof(int32_t), &span))
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the block table's extent, (%lld sequences - 1) x block_table_stride=%lld + max_blocks_per_seq=%lld int32 entries, overflows", FN,
+                          (long long)nseq, (long long)ts, (long long)o->max_blocks_per_seq);
     sdpa__view4 *views[2] = {&p->k, &p->v};
     for (int t = 0; t < 2; ++t) {
         sdpa__view4 *w = views[t];
@@ -172,6 +174,8 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     p->S = p->k.shape[2];
     p->Ev = p->v.shape[3];
     const int64_t nseq = o->cu_seqlens_q != NULL ? o->num_seqs : p->B; /* rows of key_lengths, block_table */
+    if (o->cu_seqlens_q == NULL && o->cu_seqlens_k != NULL)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->cu_seqlens_k is set but cu_seqlens_q is NULL (cu_seqlens_k describes the keys of a packed batch; a padded batch gives key_lengths)", FN);
     if (o->cu_seqlens_q != NULL && (st = sdpa__varlen_check(FN, q, k, o, weights, &p->S)) != SDPA_OK) return st;
     if (o->block_table != NULL) {
         if ((st = paged_make(p, k, v, o, nseq)) != SDPA_OK) return st;

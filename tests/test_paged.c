@@ -569,6 +569,8 @@ static void test_bad_block_table(void **state) {
     o.max_blocks_per_seq = f.MB;
     o.block_table_stride = f.MB - 1;
     expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to, NULL, NULL), SDPA_ERR_INVALID_ARGUMENT, "block_table_stride");
+    o.block_table_stride = (int64_t)1 << 62; /* the table's extent overflows: the message names the stride */
+    expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to, NULL, NULL), SDPA_ERR_SIZE_OVERFLOW, "block_table_stride=4611686018427387904");
     o.block_table_stride = 0;
     int64_t toolong[3] = {5, 2, f.MB * BS + 1};
     o.key_lengths = toolong;
@@ -619,6 +621,14 @@ static void test_bad_cu_seqlens(void **state) {
     o.cu_seqlens_k = NULL;
     expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NULL_POINTER, "cu_seqlens_k");
     o.cu_seqlens_k = cuk;
+    /* cu_seqlens_k without cu_seqlens_q is a mistake, not an ignored field (it would attend every
+     * key of the padded batch). */
+    o.cu_seqlens_q = NULL;
+    sdpa_tensor tq1 = view4(q, 1, Hq, 6, E, NULL);
+    canary(out, 96);
+    expect(sdpa_attention(&tq1, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_INVALID_ARGUMENT, "cu_seqlens_q is NULL");
+    assert_true(is_canary(out, 96));
+    o.cu_seqlens_q = cuq;
     float w[2 * 6 * 10];
     sdpa_tensor tw = view4(w, 1, Hq, 6, 10, NULL);
     expect(sdpa_attention(&tq, &tk, &tv, &o, &to, &tw, NULL), SDPA_ERR_UNSUPPORTED, "weights");

@@ -52,10 +52,14 @@ def tensor_view(array, name, writable=False):
     array = as_numpy(array, name, writable)
     code = sdpa_dtype(array.dtype)
     if code is None:
+        if array.dtype.kind == "f" and array.dtype.itemsize in (2, 4) and not array.dtype.isnative:
+            hint = f"{name}.astype({name}.dtype.newbyteorder('='))"  # same dtype, native order
+        else:
+            hint = f"np.asarray({name}, dtype=np.float32)"
         raise py_error("SDPA_ERR_DTYPE",
                        f"{name}.dtype={array.dtype.str} ({array.dtype}), expected float32, "
                        "float16 or bfloat16 in native byte order; this package never converts "
-                       f"or copies inputs: pass np.asarray({name}, dtype=np.float32)")
+                       f"or copies inputs: pass {hint}")
     if not 1 <= array.ndim <= SDPA_MAX_RANK:
         raise py_error("SDPA_ERR_RANK", f"{name}.ndim={array.ndim} is outside 1..{SDPA_MAX_RANK}")
     if writable and not array.flags.writeable:

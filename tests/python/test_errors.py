@@ -5,6 +5,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import sys
 import threading
 import time
 import unittest
@@ -81,6 +82,11 @@ class ErrorFamilyTest(unittest.TestCase):
         for bad in (np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4), ">f4")):
             e = self.assertFails(sdpa.SdpaDtypeError, "SDPA_ERR_DTYPE", "expected float32", q=bad)
             self.assertIsInstance(e, TypeError)   # a numpy-level type problem, also a TypeError
+        # a byte-swapped float16 / float32 array: the hint keeps the dtype, in native order
+        for swapped in ("<f2" if sys.byteorder == "big" else ">f2", ">f4" if sys.byteorder == "little" else "<f4"):
+            e = self.assertFails(sdpa.SdpaDtypeError, "SDPA_ERR_DTYPE", "newbyteorder('=')",
+                                 q=np.zeros((1, 2, 3, 4), swapped))
+        e = self.assertFails(sdpa.SdpaDtypeError, "SDPA_ERR_DTYPE", "dtype=np.float32", q=np.zeros((1, 2, 3, 4)))
         self.assertFails(sdpa.SdpaDtypeError, "SDPA_ERR_DTYPE", "bool or uint8",
                          attn_mask=np.ones((3, 5), np.int64))
         self.assertFails(sdpa.SdpaDtypeError, "SDPA_ERR_DTYPE", "float32",
