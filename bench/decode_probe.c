@@ -25,21 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include "bench_clock.h"
 
 #define REPS 41
 #define FLUSH_BYTES ((size_t)64 << 20)
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* Random finite values in [0.25, 0.5): f32, or 16-bit patterns of that range. */
 static void fill(void *p, size_t n, sdpa_dtype dt, unsigned *seed) {
@@ -118,15 +107,15 @@ int main(int argc, char **argv) {
             if (mode == 0)
                 for (size_t i = 0; i < FLUSH_BYTES; i += 64)
                     flush[i]++;
-            const double a = now_s();
+            const double a = bench_now_s();
             const sdpa_status st = sdpa_attention(&tq, &tk, &tv, &opt, &to, NULL, NULL);
-            t[r] = now_s() - a;
+            t[r] = bench_now_s() - a;
             if (st != SDPA_OK) {
                 fprintf(stderr, "%s: %s: %s\n", argv[0], sdpa_status_string(st), sdpa_last_error_message());
                 return 1;
             }
         }
-        qsort(t, REPS, sizeof t[0], cmp_double);
+        qsort(t, REPS, sizeof t[0], bench_cmp_double);
         const double med = t[REPS / 2];
         printf("%-6s %-22s B=%lld S=%lld kv=%s Hq=%lld Hkv=%lld threads=%d%s: median %.3f ms (p10 %.3f, p90 %.3f), "
                "%.1f ns per key and kv head per thread, %.1f GB/s\n",

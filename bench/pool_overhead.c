@@ -14,18 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_clock.h"
 
 static void serial_hook(void *ctx, int64_t ntasks, sdpa_task_fn task, void *task_ctx) {
     (void)ctx;
@@ -93,16 +83,16 @@ int main(int argc, char **argv) {
     }
     for (int r = 0; r < reps; ++r)
         for (int x = 0; x < nx; ++x) {
-            const double t0 = now();
+            const double t0 = bench_now_s();
             for (int c = 0; c < calls; ++c)
                 if (sdpa_attention(&tq, &tk, &tv, &o[x], &tout[x], NULL, NULL) != SDPA_OK) {
                     fprintf(stderr, "%s\n", sdpa_last_error_message());
                     return 1;
                 }
-            t[x][r] = (now() - t0) / calls * 1e6;
+            t[x][r] = (bench_now_s() - t0) / calls * 1e6;
         }
     for (int x = 0; x < nx; ++x) {
-        qsort(t[x], (size_t)reps, sizeof t[x][0], cmp);
+        qsort(t[x], (size_t)reps, sizeof t[x][0], bench_cmp_double);
         printf("%-12s median %8.2f us/call  (q1 %.2f, q3 %.2f)  %.2fx floor\n", names[x], t[x][reps / 2],
                t[x][reps / 4], t[x][(3 * reps) / 4], t[x][reps / 2] / floor_us);
     }

@@ -57,6 +57,8 @@
 #include <unistd.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+
+#include "bench_clock.h"
 #define SDPA_BENCH_X86 1
 #endif
 
@@ -593,11 +595,7 @@ static double cpu_ms(void) {
 
 static double last_cpu_ms; /* CPU time of the last call_candidate() */
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
+static double now_ms(void) { return bench_now_s() * 1e3; }
 
 static void *xalloc(size_t bytes) {
     void *p = NULL;
@@ -617,15 +615,10 @@ static float rand_uniform(void) { /* splitmix64 -> [-1, 1) */
     return (float)((double)(z >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median_of(const double *v, int n) {
     double tmp[MAX_REPS];
     memcpy(tmp, v, (size_t)n * sizeof *tmp);
-    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
+    qsort(tmp, (size_t)n, sizeof *tmp, bench_cmp_double);
     return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
 }
 
