@@ -124,5 +124,10 @@ sdpa_status sdpa__options_check(const char *fn, const sdpa_options *o) {
     if (o->parallel_for != NULL && o->parallel_for_threads < 1)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->parallel_for_threads=%d must be >= 1 with a hook", fn,
                           (int)o->parallel_for_threads);
+    if (o->cu_seqlens_q == NULL && o->cu_seqlens_k != NULL)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
+                          "%s: options->cu_seqlens_k is set but cu_seqlens_q is NULL (cu_seqlens_k describes the keys "
+                          "of a packed batch; a padded batch gives key_lengths)",
+                          fn);
     return SDPA_OK;
 }

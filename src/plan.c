@@ -174,8 +174,6 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     p->S = p->k.shape[2];
     p->Ev = p->v.shape[3];
     const int64_t nseq = o->cu_seqlens_q != NULL ? o->num_seqs : p->B; /* rows of key_lengths, block_table */
-    if (o->cu_seqlens_q == NULL && o->cu_seqlens_k != NULL)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->cu_seqlens_k is set but cu_seqlens_q is NULL (cu_seqlens_k describes the keys of a packed batch; a padded batch gives key_lengths)", FN);
     if (o->cu_seqlens_q != NULL && (st = sdpa__varlen_check(FN, q, k, o, weights, &p->S)) != SDPA_OK) return st;
     if (o->block_table != NULL) {
         if ((st = paged_make(p, k, v, o, nseq)) != SDPA_OK) return st;
