@@ -5,6 +5,8 @@
     out, lse = sdpa.scaled_dot_product_attention(q, k, v, need_lse=True)
     layer = sdpa.MultiheadAttention.from_state_dict(state_dict, num_heads=8)
     y, w = layer(x, x, x)
+    out = sdpa.scaled_dot_product_attention(q, k_pool, v_pool, block_table=table,
+                                            key_lengths=lens, causal="bottom_right")  # paged
 
 Arrays of any strides (numpy, torch CPU tensors, objects with __dlpack__ or
 __array_interface__; float32, float16, bfloat16) are passed to the library as views, never
@@ -18,13 +20,14 @@ from ._errors import (STATUS_NAMES, SdpaArgumentError, SdpaDtypeError, SdpaError
                       SdpaInternalError, SdpaLibraryError, SdpaResourceError, SdpaShapeError,
                       SdpaValueError, SdpaVersionError)
 from ._lib import EXPECTED_VERSION, load_library
-from .attention import (ALIGNMENTS, EMPTY_ROWS, KERNELS, WEIGHTS_STAGES, last_kernel, merge,
-                        scaled_dot_product_attention)
+from .attention import (ALIGNMENTS, EMPTY_ROWS, KERNELS, PRECISIONS, WEIGHTS_STAGES, last_kernel,
+                        merge, scaled_dot_product_attention)
 from .masks import (allow_and, allow_from_additive, allow_from_ignore, allow_from_keep_int,
                     allow_to_additive, block_diagonal_allow_mask, causal_allow_mask,
                     count_empty_rows, padding_allow_mask, prefix_lm_allow_mask,
                     sliding_window_allow_mask)
 from .mha import MultiheadAttention
+from .serving import ThreadPool, alibi_slopes, amx_available, kv_write, request_amx
 
 __version__ = "0.5.0"
 
@@ -35,7 +38,8 @@ __all__ = [
     "allow_from_keep_int", "allow_from_additive", "allow_to_additive", "count_empty_rows",
     "SdpaError", "SdpaArgumentError", "SdpaShapeError", "SdpaDtypeError", "SdpaValueError",
     "SdpaResourceError", "SdpaInternalError", "SdpaLibraryError", "SdpaVersionError",
-    "STATUS_NAMES", "ALIGNMENTS", "EMPTY_ROWS", "WEIGHTS_STAGES", "KERNELS",
+    "ThreadPool", "kv_write", "alibi_slopes", "request_amx", "amx_available",
+    "STATUS_NAMES", "ALIGNMENTS", "EMPTY_ROWS", "WEIGHTS_STAGES", "KERNELS", "PRECISIONS",
     "library", "load_library", "library_version", "EXPECTED_VERSION", "__version__",
 ]
 

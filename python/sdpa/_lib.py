@@ -1,4 +1,4 @@
-"""Finding and loading libsdpa; ctypes mirrors of the structs of include/sdpa.h (0.2).
+"""Finding and loading libsdpa; ctypes mirrors of the structs of include/sdpa.h (0.5).
 
 The library is looked up, in this order:
 
@@ -64,7 +64,8 @@ class SdpaAllowMask(ctypes.Structure):
 
 
 class SdpaOptions(ctypes.Structure):
-    """sdpa_options of 0.2, field for field (the 0.1 layout plus kernel and reserved0)."""
+    """sdpa_options of 0.5, field for field (the 0.1 layout, then the fields each version
+    appended). struct_size = ctypes.sizeof(SdpaOptions) tells the library which it is."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
         ("scale", ctypes.c_float),
@@ -91,6 +92,24 @@ class SdpaOptions(ctypes.Structure):
         # appended in 0.2
         ("kernel", ctypes.c_int32),
         ("reserved0", ctypes.c_int32),
+        # appended in 0.4
+        ("precision", ctypes.c_int32),
+        ("reserved1", ctypes.c_int32),
+        # appended in 0.5: sinks, ALiBi, caller thread pools
+        ("sinks", ctypes.c_void_p),               # const float *
+        ("alibi_slopes", ctypes.c_void_p),        # const float *
+        ("alibi_slopes_rank", ctypes.c_int32),
+        ("parallel_for_threads", ctypes.c_int32),
+        ("parallel_for", ctypes.c_void_p),        # sdpa_parallel_for_fn (not used from Python)
+        ("parallel_for_ctx", ctypes.c_void_p),
+        ("threadpool", ctypes.c_void_p),          # sdpa_threadpool *
+        # appended in 0.5: paged K/V and packed variable-length batches
+        ("block_table", ctypes.c_void_p),         # const int32_t *
+        ("block_table_stride", ctypes.c_int64),
+        ("max_blocks_per_seq", ctypes.c_int64),
+        ("cu_seqlens_q", ctypes.c_void_p),        # const int32_t *
+        ("cu_seqlens_k", ctypes.c_void_p),        # const int32_t *
+        ("num_seqs", ctypes.c_int64),
     ]
 
 
@@ -145,7 +164,7 @@ class SdpaMhaOptions(ctypes.Structure):
 STRUCT_SIZES_LP64 = {
     SdpaTensor: 160,
     SdpaAllowMask: 80,
-    SdpaOptions: 144,
+    SdpaOptions: 248,
     SdpaMhaParams: 136,
     SdpaMhaOptions: 104,
 }
@@ -154,6 +173,8 @@ if ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(ctypes.c_long) == 8:
         assert ctypes.sizeof(_struct) == _size, \
             f"{_struct.__name__} is {ctypes.sizeof(_struct)} bytes, the C struct {_size}"
     assert SdpaOptions.kernel.offset == 136 and SdpaOptions.workspace_bytes.offset == 128
+    assert SdpaOptions.precision.offset == 144 and SdpaOptions.sinks.offset == 152
+    assert SdpaOptions.block_table.offset == 200 and SdpaOptions.num_seqs.offset == 240
     assert SdpaMhaParams.add_zero_attn.offset == 128
     assert SdpaMhaOptions.dropout_p.offset == 60 and SdpaMhaOptions.empty_rows.offset == 80
     del _struct, _size
@@ -199,6 +220,15 @@ SIGNATURES = {
     "sdpa_mha_forward": (c_status, [_P, _T, _T, _T, _MO, _T, _T]),
     "sdpa_mha_workspace_size": (c_status, [_P, _T, _T, _T, _MO, ctypes.c_int,
                                            ctypes.POINTER(ctypes.c_size_t)]),
+    # 0.4
+    "sdpa_request_amx": (c_status, []),
+    "sdpa_amx_available": (ctypes.c_int, []),
+    # 0.5
+    "sdpa_kv_write": (c_status, [_T, _T, _T, _T, _vp]),
+    "sdpa_alibi_slopes": (c_status, [_i64, ctypes.c_float, _vp]),
+    "sdpa_threadpool_create": (c_status, [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]),
+    "sdpa_threadpool_destroy": (None, [_vp]),
+    "sdpa_threadpool_size": (ctypes.c_int, [_vp]),
 }
 # Functions without which nothing works: loading fails if one is missing. The others are looked
 # up when first called and raise SdpaLibraryError naming the missing symbol.

@@ -9,7 +9,11 @@ Policy: arrays the library reads are never copied or converted. float32, float16
 (torch) arrays are passed with their dtype; the library's status says whether it computes with
 it. An array of another dtype (float64, a byte-swapped float32), a stride that is not a whole number of elements, or a misaligned
 buffer raises SdpaDtypeError / SdpaShapeError instead of being converted silently; convert it
-yourself (``np.asarray(x, dtype=np.float32)``) if a copy is what you want.
+yourself (``np.asarray(x, dtype=np.float32)``) if a copy is what you want. Per-head parameters
+(sinks, ALiBi slopes) follow the same rule (float32, never rounded). Small integer metadata is
+converted exactly instead, after a range check: per-batch lengths and offsets to int64; index
+tables (block_table, cu_seqlens) are viewed when they are int32 with a contiguous last axis (as
+engines keep them) and converted to int32 otherwise.
 """
 import ctypes
 import numbers
@@ -262,3 +266,61 @@ def split_axis(array, axis, sizes):
     strides = array.strides[:axis] + tuple(new_strides) + array.strides[axis + 1:]
     return np.lib.stride_tricks.as_strided(array, shape=shape, strides=strides,
                                            writeable=False)
+
+
+I32 = np.dtype(np.int32)
+_INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
+def float32_vector(values, name, ndims=(1,)):
+    """A C-contiguous float32 numpy view of a per-head parameter array (sinks, ALiBi slopes:
+    numpy array, torch tensor or other array of rank in `ndims`), never converted: a float32
+    value is passed as is, and another dtype raises SdpaDtypeError (rounding a float64 slope
+    to float32 would change it silently; FlashAttention also requires fp32 alibi_slopes). A
+    non-contiguous array raises SdpaShapeError (the library reads it as a flat vector)."""
+    if isinstance(values, (list, tuple)):
+        raise py_error("SDPA_ERR_DTYPE",
+                       f"{name} must be a float32 array, got a {type(values).__name__}: pass "
+                       f"np.asarray({name}, dtype=np.float32)")
+    array = as_numpy(values, name)
+    if array.dtype != F32:
+        raise py_error("SDPA_ERR_DTYPE",
+                       f"{name}.dtype={array.dtype}, expected float32 (per-head parameters are "
+                       f"never converted): pass np.asarray({name}, dtype=np.float32)")
+    if array.ndim not in ndims:
+        raise py_error("SDPA_ERR_RANK", f"{name}.ndim={array.ndim}, expected "
+                       + " or ".join(str(n) for n in ndims))
+    if not array.flags.c_contiguous or (array.size and address(array) % 4):
+        raise py_error("SDPA_ERR_STRIDE", f"{name} must be C-contiguous (the library reads it "
+                       f"as a flat float32 vector): pass np.ascontiguousarray({name})")
+    return array
+
+
+def int32_table(values, name, ndim):
+    """(array, row stride in elements) of an int32 index array of rank `ndim` (1: cu_seqlens,
+    2: a block table). An int32 array whose last axis is contiguous (rows at a non-negative
+    stride) is viewed, as engines keep these tables (vLLM and FlashAttention use int32
+    tensors); other integer arrays and Python sequences are converted exactly, after a range
+    check (as key_lengths are). Floats, bools and other objects raise SdpaDtypeError."""
+    try:
+        array = as_numpy(values, name)  # numpy, torch, __dlpack__, __array_interface__: a view
+    except TypeError:
+        array = np.asarray(values)       # a Python sequence
+    if array.ndim != ndim:
+        raise py_error("SDPA_ERR_RANK", f"{name}.ndim={array.ndim}, expected {ndim}")
+    if array.dtype.kind not in "iu":
+        raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers (int32), got dtype "
+                       f"{array.dtype}")
+    if array.dtype == I32 and array.dtype.isnative:
+        item = array.strides[-1] if array.shape[-1] > 1 else 4
+        row = array.strides[0] if ndim == 2 and array.shape[0] > 1 else 4 * array.shape[-1]
+        if item == 4 and row >= 0 and row % 4 == 0 and (row > 0 or array.shape[0] <= 1) and \
+                (array.size == 0 or address(array) % 4 == 0):
+            return array, (row // 4 if ndim == 2 else 1)
+    if array.size:
+        lo, hi = int(array.min()), int(array.max())
+        if lo < _INT32_MIN or hi > _INT32_MAX:
+            bad = hi if hi > _INT32_MAX else lo
+            raise py_error("SDPA_ERR_INDEX", f"{name} holds {bad}, which does not fit in int32")
+    array = np.ascontiguousarray(array, dtype=I32)
+    return array, (array.shape[-1] if ndim == 2 else 1)

@@ -6,11 +6,13 @@ import numpy as np
 from . import _lib
 from ._arrays import as_numpy, kind_of, new_array, wrap
 from ._errors import py_error
-from ._views import (F32, attach_vector, attach_view, choice, int32, int64, is_additive,
-                     mask_view, real, sdpa_dtype, tensor_view, uint64)
+from .serving import ThreadPool
+from ._views import (F32, address, attach_vector, attach_view, choice, float32_vector, int32,
+                     int32_table, int64, is_additive, mask_view, real, sdpa_dtype, tensor_view,
+                     uint64)
 
 __all__ = ["scaled_dot_product_attention", "merge", "last_kernel", "ALIGNMENTS", "EMPTY_ROWS",
-           "WEIGHTS_STAGES", "KERNELS"]
+           "WEIGHTS_STAGES", "KERNELS", "PRECISIONS"]
 
 #: sdpa_alignment by name.
 ALIGNMENTS = {"top_left": 0, "bottom_right": 1, "offsets": 2}
@@ -20,6 +22,8 @@ EMPTY_ROWS = {"error": 0, "zero": 1}
 WEIGHTS_STAGES = {"probabilities": 0, "scores": 1, "softcapped": 2, "masked": 3}
 #: sdpa_kernel by name.
 KERNELS = {"auto": 0, "reference": 1, "tiled": 2, "decode": 3}
+#: sdpa_precision by name (error bounds in include/sdpa.h).
+PRECISIONS = {"default": 0, "f32": 1, "reduced": 2}
 
 
 def last_kernel():
@@ -77,7 +81,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
                                  empty_rows="error", need_weights=False, need_lse=False, *,
                                  is_causal=None, alignment=None, query_offsets=None,
                                  dropout_offset=0, weights_stage="probabilities",
-                                 check_finite=True, kernel="auto", num_threads=0, out=None):
+                                 check_finite=True, kernel="auto", num_threads=0, out=None,
+                                 precision="default", sinks=None, alibi_slopes=None,
+                                 block_table=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                                 threadpool=None):
     """Scaled dot-product attention on numpy arrays, torch CPU tensors or any array with
     __dlpack__ / __array_interface__ (libsdpa's sdpa_attention), without copies.
 
@@ -119,6 +126,36 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     kernel: "auto", "reference", "tiled" or "decode"; num_threads: 0 = online CPUs.
     out: optional array [B, Hq, L, Ev] (any positive strides; numpy, torch tensor, ...) to
         write into; it is returned as given. Without it, out is new, of the query's dtype.
+    precision: "default" (= "f32": float32 scores, softmax and accumulation) or "reduced" (the
+        kernel may round probabilities to V's dtype and use bf16 dot products when q and k are
+        bf16: AVX512-BF16, AMX after request_amx()); error bounds in include/sdpa.h.
+
+    Serving (libsdpa 0.5; README "Serving"):
+    sinks: float32 [Hq] attention-sink logits (gpt-oss sinks, vLLM s_aux, ONNX Runtime
+        head_sink): exp(sinks[h]) joins each row's softmax denominator (and lse) only.
+    alibi_slopes: float32 [Hq] or [B, Hq] ([num_seqs, Hq] when packed): s_ij -= slope *
+        |p - j| with p the aligned position (FlashAttention's alibi_slopes with
+        causal="bottom_right"); alibi_slopes() gives the paper's slopes.
+        sinks and alibi_slopes must be C-contiguous float32 (never converted).
+    block_table: paged K/V (vLLM block_tables, FlashAttention-2 block_table): key and value
+        are block pools [num_blocks, Hkv, block_size, E] / [..., Ev] (vLLM's [num_blocks,
+        block_size, Hkv, E] cache is ``cache.transpose(0, 2, 1, 3)``), block_table an
+        integer [B, max_blocks] array (int32 with a contiguous last axis is viewed, other
+        integers converted exactly), key_lengths required; key j of sequence b is slot
+        j % block_size of block block_table[b, j // block_size]. A bad entry a valid key
+        reaches raises SdpaShapeError with status SDPA_ERR_INDEX before anything is written;
+        slots past key_lengths[b] and unreferenced blocks are never read. weights have
+        S = max_blocks * block_size.
+    cu_seqlens_q, cu_seqlens_k: packed variable-length batch (FlashAttention
+        flash_attn_varlen_func): integer [num_seqs + 1] arrays; sequence r owns query rows
+        [cu_seqlens_q[r], cu_seqlens_q[r+1]) of query [1, Hq, total_q, E] (FlashAttention's
+        [total_q, Hq, E] buffer is ``x.transpose(1, 0, 2)[None]``) and key rows
+        [cu_seqlens_k[r], cu_seqlens_k[r+1]) of key/value [1, Hkv, total_k, E], or row r of
+        block_table (then key_lengths[r]) for a paged cache. Causal and windows are
+        bottom-right per sequence; key_lengths, query_offsets and [num_seqs, Hq] slopes are per
+        sequence; attn_mask, bias, query_lengths and weights are not available.
+    threadpool: a ThreadPool; the call runs on its threads and starts none of its own
+        (num_threads > 0 caps the threads used).
 
     Returns (numpy arrays, or torch tensors when query is a torch tensor): `out` alone when need_weights and need_lse are both false; otherwise a tuple
     ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)``: out first, then the requested
@@ -159,8 +196,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     tout = tensor_view(out, "out", writable=True)
     result_like = like or kind_of(out_given)
     weights = lse = tw = tl = None
+    table = cu_q = cu_k = None
+    if block_table is not None:
+        table, table_stride = int32_table(block_table, "block_table", 2)
     if need_weights:
-        weights = np.empty(query.shape[:-1] + key.shape[-2:-1], dtype=np.float32)
+        s_len = key.shape[-2] if table is None else table.shape[1] * key.shape[-2]
+        weights = np.empty(query.shape[:-1] + (s_len,), dtype=np.float32)
         tw = tensor_view(weights, "weights", writable=True)
     if need_lse:
         lse = np.empty(query.shape[:-1], dtype=np.float32)
@@ -209,6 +250,29 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     tbias = attach_view(opt, "bias", tensor_view, bias_arr, "bias")
 
     batch = query.shape[0]
+    if cu_seqlens_q is not None:
+        cu_q, _ = int32_table(cu_seqlens_q, "cu_seqlens_q", 1)
+        if cu_q.shape[0] < 1:
+            raise py_error("SDPA_ERR_SHAPE", "cu_seqlens_q has no entries, expected num_seqs + 1 "
+                           ">= 1 (starting at 0)")
+        batch = opt.num_seqs = cu_q.shape[0] - 1
+        opt.cu_seqlens_q = address(cu_q)
+    if cu_seqlens_k is not None:
+        cu_k, _ = int32_table(cu_seqlens_k, "cu_seqlens_k", 1)
+        if cu_q is not None and cu_k.shape[0] != cu_q.shape[0]:
+            raise py_error("SDPA_ERR_SHAPE", f"cu_seqlens_k has {cu_k.shape[0]} entries and "
+                           f"cu_seqlens_q {cu_q.shape[0]}: both are num_seqs + 1")
+        if cu_k.size:
+            opt.cu_seqlens_k = address(cu_k)
+    if table is not None:
+        if table.size:
+            opt.block_table = address(table)
+        opt.block_table_stride = table_stride
+        opt.max_blocks_per_seq = table.shape[1]
+        if table.shape[0] != batch:
+            what = "num_seqs (cu_seqlens_q)" if cu_q is not None else "the query's batch"
+            raise py_error("SDPA_ERR_SHAPE", f"block_table has {table.shape[0]} rows, expected "
+                           f"{batch} ({what})")
     kl = attach_vector(opt, "key_lengths", key_lengths, batch, "key_lengths")
     ql = attach_vector(opt, "query_lengths", query_lengths, batch, "query_lengths")
     qo = attach_vector(opt, "query_offsets", query_offsets, batch, "query_offsets")
@@ -226,11 +290,38 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     opt.dropout_offset = uint64(dropout_offset, "dropout_offset")
     opt.kernel = choice(kernel, KERNELS, "kernel")
     opt.num_threads = int32(num_threads, "num_threads", minimum=0)
+    opt.precision = choice(precision, PRECISIONS, "precision")
+
+    sink_arr = slope_arr = None
+    if sinks is not None:
+        sink_arr = float32_vector(sinks, "sinks")
+        heads = query.shape[1] if qnd == 4 else 1
+        if sink_arr.shape[0] != heads:
+            raise py_error("SDPA_ERR_SHAPE", f"sinks has shape {sink_arr.shape}, expected "
+                           f"({heads},) (one per query head)")
+        if sink_arr.size:
+            opt.sinks = address(sink_arr)
+    if alibi_slopes is not None:
+        slope_arr = float32_vector(alibi_slopes, "alibi_slopes", ndims=(1, 2))
+        heads = query.shape[1] if qnd == 4 else 1
+        want = (heads,) if slope_arr.ndim == 1 else (batch, heads)
+        if slope_arr.shape != want:
+            raise py_error("SDPA_ERR_SHAPE", f"alibi_slopes has shape {slope_arr.shape}, "
+                           f"expected {want} ([Hq], or [B, Hq] with one row per "
+                           + ("packed sequence)" if cu_q is not None else "batch)"))
+        opt.alibi_slopes_rank = slope_arr.ndim
+        if slope_arr.size:
+            opt.alibi_slopes = address(slope_arr)
+    if threadpool is not None:
+        if not isinstance(threadpool, ThreadPool):
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                           f"threadpool must be a sdpa.ThreadPool, got {type(threadpool).__name__}")
+        opt.threadpool = threadpool.handle  # SdpaArgumentError once closed
 
     status = lib.sdpa_attention(tq, tk, tv, opt, tout, tw, tl)
     lib.check(status)
     # The arrays the views point into were alive until here (locals of this frame).
-    del mask_arr, bias_arr, kl, ql, qo
+    del mask_arr, bias_arr, kl, ql, qo, table, cu_q, cu_k, sink_arr, slope_arr, threadpool
 
     if weights is None and lse is None:
         return out_given

@@ -1,0 +1,146 @@
+"""Serving helpers of libsdpa 0.5 over numpy arrays: the cache write (sdpa_kv_write), ALiBi
+slopes (sdpa_alibi_slopes), caller-owned thread pools (sdpa_threadpool) and the AMX opt-in
+(sdpa_request_amx). Paged caches, packed batches, sinks and ALiBi themselves are arguments of
+scaled_dot_product_attention."""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._arrays import as_numpy
+from ._errors import py_error
+from ._views import address, int64_vector, integer, real, tensor_view
+
+__all__ = ["ThreadPool", "kv_write", "alibi_slopes", "request_amx", "amx_available"]
+
+
+class ThreadPool:
+    """A caller-owned pool of persistent worker threads (sdpa_threadpool_create): pass it as
+    ``scaled_dot_product_attention(..., threadpool=pool)`` so that a call runs on its
+    ``num_threads - 1`` workers plus the calling thread and starts no thread of its own (the
+    per-call thread start-up that dominates small decode calls). The library keeps no hidden
+    global pool: the pool lives until ``close()`` (or the end of a ``with`` block, or garbage
+    collection). Results are bit-identical to the library's own threads.
+
+        with sdpa.ThreadPool(2) as pool:
+            out = sdpa.scaled_dot_product_attention(q, k, v, threadpool=pool)
+
+    num_threads: 1..256 (1 = no worker: calls run on the calling thread), else
+    SdpaArgumentError. Several Python threads may share one pool (their calls take it one
+    after the other). The workers poll for SDPA_POOL_SPIN_US microseconds after each call
+    before they sleep (default 200; read when the pool is created; see sdpa.h)."""
+
+    def __init__(self, num_threads):
+        lib = _lib.get()
+        num_threads = integer(num_threads, "num_threads")
+        if not -2 ** 31 <= num_threads < 2 ** 31:
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                           f"num_threads={num_threads} must be in [1, 256]")
+        handle = ctypes.c_void_p()
+        lib.check(lib.sdpa_threadpool_create(num_threads, ctypes.byref(handle)))
+        self._lib = lib
+        self._handle = handle.value
+
+    @property
+    def num_threads(self):
+        """Threads of a call: the workers plus the calling thread."""
+        return self._lib.sdpa_threadpool_size(self.handle)
+
+    @property
+    def handle(self):
+        """The sdpa_threadpool * (an int); SdpaArgumentError once the pool is closed."""
+        if self._handle is None:
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT", "the ThreadPool is closed")
+        return self._handle
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def close(self):
+        """Stop and join the workers (idempotent). No call may be using the pool."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            self._lib.sdpa_threadpool_destroy(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{self.num_threads} threads"
+        return f"<sdpa.ThreadPool {state}>"
+
+
+def kv_write(key_cache, value_cache, key, value, slot_mapping):
+    """Scatter new K/V rows into a cache by slot index (sdpa_kv_write; vLLM's
+    reshape_and_cache slot_mapping contract), in place, without copies of the cache.
+
+    key_cache [num_blocks, Hkv, block_size, E], value_cache [num_blocks, Hkv, block_size, Ev]:
+        writable arrays (any strides: vLLM's [num_blocks, block_size, Hkv, E] cache is
+        ``cache.transpose(0, 2, 1, 3)``; a dense [B, Hkv, S, E] cache is the pool with
+        num_blocks = B, block_size = S); float32, float16 or bfloat16 (torch).
+    key [T, Hkv, E], value [T, Hkv, Ev]: the new rows, any of those dtypes; converted to the
+        cache dtype with round-to-nearest-even (exact when equal or wider).
+    slot_mapping: T integers (converted to int64): row t goes to block slot // block_size,
+        slot slot % block_size; a negative slot skips the row (padding, as vLLM).
+    value_cache and value may both be None (keys only).
+
+    Every slot is validated before anything is written: a slot >= num_blocks * block_size
+    raises SdpaShapeError with status SDPA_ERR_INDEX naming the row and value. Rows are
+    written in order (two rows naming one slot: the later wins). Returns None."""
+    lib = _lib.get()
+    key_cache = as_numpy(key_cache, "key_cache", writable=True)
+    key = as_numpy(key, "key")
+    tkc = tensor_view(key_cache, "key_cache", writable=True)
+    tk = tensor_view(key, "key")
+    if value_cache is not None:
+        value_cache = as_numpy(value_cache, "value_cache", writable=True)
+    tvc = tensor_view(value_cache, "value_cache", writable=True) if value_cache is not None else None
+    tv = tensor_view(value, "value") if value is not None else None
+    slots = int64_vector(slot_mapping, key.shape[0], "slot_mapping")
+    status = lib.sdpa_kv_write(tkc, tvc, tk, tv, address(slots) if slots.size else None)
+    lib.check(status)
+    del slots
+
+
+def alibi_slopes(num_heads, max_bias=8.0):
+    """ALiBi slopes of the paper for num_heads heads (sdpa_alibi_slopes: Press et al. 2022, the
+    same rule as Hugging Face's get_alibi_slopes and llama.cpp; non-power-of-two H takes the
+    first H - n odd-numbered slopes of the 2n-head sequence, n the largest power of two <= H):
+    a new float32 array [num_heads], to pass as ``alibi_slopes=``. max_bias = 8 (the paper's)
+    gives 1/2, 1/4, ..., 1/256 for 8 heads. num_heads >= 1, max_bias > 0 and finite, else
+    SdpaArgumentError."""
+    lib = _lib.get()
+    num_heads = integer(num_heads, "num_heads")
+    if not 1 <= num_heads < 2 ** 31:
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"num_heads={num_heads} must be >= 1")
+    out = np.empty(num_heads, dtype=np.float32)
+    lib.check(lib.sdpa_alibi_slopes(num_heads, real(max_bias, "max_bias"), address(out)))
+    return out
+
+
+def request_amx(raise_error=False):
+    """Ask Linux for this process's permission to use Intel AMX tile data (sdpa_request_amx:
+    the application's explicit opt-in; the library never asks on its own). Returns True when
+    permission is granted (now or earlier). When the CPU or OS lacks AMX-BF16 or Linux refused:
+    False, or with raise_error=True an SdpaArgumentError (status SDPA_ERR_UNSUPPORTED) carrying
+    the library's reason. With permission, ``precision="reduced"`` bf16 prefill calls use
+    AMX-BF16 tiles."""
+    lib = _lib.get()
+    status = lib.sdpa_request_amx()
+    if status != 0 and raise_error:
+        lib.check(status)
+    return status == 0
+
+
+def amx_available():
+    """True iff the CPU has AMX-BF16 with OS support and this process already has permission
+    (sdpa_amx_available; never requests it)."""
+    return bool(_lib.get().sdpa_amx_available())
