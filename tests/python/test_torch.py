@@ -148,6 +148,52 @@ class TorchAttentionTest(unittest.TestCase):
                 self.assertEqual(ref.within(got.float().numpy(), expected, 0, ATOL[dtype]), "")
 
 
+class ServingTensorsTest(unittest.TestCase):
+    def test_bf16_paged_cache_of_tensors(self):
+        """A vLLM-layout bf16 cache tensor written by kv_write (torch's own bf16 rounding, in
+        place: the tensor's memory) and read by a paged call with an int32 block-table tensor
+        (viewed), sinks and ALiBi slopes as float32 tensors: equal to the same call on the
+        dense gather, within the bf16 bound of the float64 reference."""
+        g = ref.rng(60)
+        nb, bs, Hkv, E, Hq = 7, 4, 2, 16, 4
+        kc = torch.zeros(nb, bs, Hkv, E, dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        lengths = [6, 3]
+        table = torch.tensor([[5, 2], [0, 6]], dtype=torch.int32)
+        slots = [int(table[b, j // bs]) * bs + j % bs for b, n in enumerate(lengths) for j in range(n)]
+        k, v = t(g, len(slots), Hkv, E), t(g, len(slots), Hkv, E)
+        ptr = kc.data_ptr()
+        sdpa.kv_write(kc.transpose(1, 2), vc.transpose(1, 2), k, v, torch.tensor(slots))
+        self.assertEqual(kc.data_ptr(), ptr)
+        for i, s in enumerate(slots):
+            self.assertTrue(torch.equal(kc[s // bs, s % bs], k[i].to(torch.bfloat16)))
+        q = t(g, 2, Hq, 1, E)
+        sinks = torch.tensor([0.0, 1.0, -1.0, 0.5])
+        slopes = torch.from_numpy(sdpa.alibi_slopes(Hq))
+        kw = dict(causal="bottom_right", sinks=sinks, alibi_slopes=slopes, key_lengths=lengths)
+        got = sdpa.scaled_dot_product_attention(q, kc.transpose(1, 2), vc.transpose(1, 2),
+                                                block_table=table, **kw)
+        self.assertIsInstance(got, torch.Tensor)
+        S = 2 * bs
+        kd = torch.zeros(2, Hkv, S, E, dtype=torch.bfloat16)
+        vd = torch.zeros_like(kd)
+        for b, n in enumerate(lengths):
+            for j in range(n):
+                kd[b, :, j] = kc[table[b, j // bs], j % bs]
+                vd[b, :, j] = vc[table[b, j // bs], j % bs]
+        dense = sdpa.scaled_dot_product_attention(q, kd, vd, **kw)
+        self.assertTrue(torch.equal(got, dense))
+        # float64: ALiBi as the bias, the sink in the denominator
+        p = np.arange(S)
+        dist = np.abs(np.array(lengths)[:, None, None, None] - 1 - p[None, None, None, :])
+        bias = -slopes.double().numpy()[None, :, None, None] * dist
+        r, _, rl = ref.ref_sdpa(q.numpy(), kd.float().numpy(), vd.float().numpy(), bias=bias,
+                                key_lengths=lengths, causal=True, alignment="bottom_right")
+        tot = np.logaddexp(rl, sinks.double().numpy()[None, :, None])
+        expected = r * np.exp(rl - tot)[..., None]
+        self.assertEqual(ref.within(got.numpy(), expected, 1e-5, 1e-5), "")
+
+
 class FromTorchTest(unittest.TestCase):
     def check(self, module, q, k, v, **kw):
         module.eval()
