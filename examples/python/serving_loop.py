@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A serving loop over a paged float16 KV cache with the sdpa package (libsdpa 0.5).
 
-    PYTHONPATH=python /usr/bin/python3 examples/python/paged_decode.py
+    PYTHONPATH=python /usr/bin/python3 examples/python/serving_loop.py
 
 One attention layer (random projections), GQA 8 query / 2 kv heads, head size 64, a float16
 block pool with block size 16 in vLLM's [num_blocks, block_size, Hkv, E] layout. Three prompts
