@@ -36,21 +36,28 @@ static inline float sdpa__f32_from_bits(uint32_t u) {
 
 static inline float sdpa__bf16_to_f32(uint16_t h) { return sdpa__f32_from_bits((uint32_t)h << 16); }
 
+/* Branch-free (selects, which compilers vectorise in the portable rows kernels' loops: an
+ * integer-to-float conversion is the only floating-point operation, and it cannot trap), and
+ * no subnormal float32 operand or result anywhere, so FTZ/DAZ modes cannot change it:
+ *  - exponent field 1..30: rebias the bits by 127 - 15;
+ *  - 31: exponent 255, payload kept, NaN made quiet (bit 22);
+ *  - 0: zero, or subnormal m * 2^-24: (float)m (exact, m < 2^10) with 24 taken off its
+ *    exponent field (the result, >= 2^-24, is a float32 normal).
+ * test_convert checks all 65536 encodings against the definition. */
 static inline float sdpa__f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-    if (e == 0x1F) /* Inf, or NaN made quiet */
-        return sdpa__f32_from_bits(sign | 0x7F800000u | (m << 13) | (m != 0 ? 0x00400000u : 0u));
-    if (e != 0)
-        return sdpa__f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));
-    if (m == 0)
-        return sdpa__f32_from_bits(sign);
-    /* Subnormal m * 2^-24: normalise (m has its top bit at position p < 10). */
-    int p = 9;
-    while (!((m >> p) & 1u))
-        --p;
-    /* value = 2^(p-24) * (1 + (m - 2^p) / 2^p): exponent field p - 24 + 127. */
-    return sdpa__f32_from_bits(sign | ((uint32_t)(p + 103) << 23) | ((m << (23 - p)) & 0x7FFFFFu));
+    const uint32_t em = h & 0x7FFFu, m = h & 0x3FFu;
+    /* all-ones masks (0 - (0 or 1)) instead of ?:, which GCC 12 leaves as branches here; the
+     * compares are signed (em < 2^15), which SSE2 has */
+    const uint32_t is_special = 0u - (uint32_t)((int32_t)em > 0x7BFF);
+    const uint32_t is_sub = 0u - (uint32_t)((int32_t)em < 0x0400);
+    const uint32_t nonzero_m = 0u - (uint32_t)(m != 0);
+    const uint32_t normal = (em << 13) + (112u << 23);
+    const uint32_t special = 0x7F800000u | (m << 13) | (nonzero_m & 0x00400000u);
+    const uint32_t fm = sdpa__f32_bits((float)(int32_t)m); /* exact: m < 2^24 */
+    const uint32_t sub = nonzero_m & (fm - (24u << 23));    /* m * 2^-24: the exponent minus 24 */
+    const uint32_t r = (is_special & special) | (is_sub & sub) | (~(is_special | is_sub) & normal);
+    return sdpa__f32_from_bits(sign | r);
 }
 
 static inline uint16_t sdpa__f32_to_bf16(float x) {
