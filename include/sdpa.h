@@ -1101,7 +1101,8 @@ SDPA_API int sdpa_amx_available(void);
  * @param max_bias > 0 and finite
  * @param out     [out] H float32
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER (out), SDPA_ERR_INVALID_ARGUMENT (H < 1, max_bias not
- *         finite and > 0); nothing is written on failure.
+ *         finite and > 0), SDPA_ERR_SIZE_OVERFLOW (H * sizeof(float) > PTRDIFF_MAX: no buffer
+ *         holds that); nothing is written on failure.
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_alibi_slopes(int64_t H, float max_bias, float *out);
 

@@ -344,12 +344,17 @@ SDPA_API sdpa_status sdpa_alibi_slopes(int64_t H, float max_bias, float *out) {
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: H=%lld must be >= 1", fn, (long long)H);
     if (!(max_bias > 0.0f) || isinf(max_bias))
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: max_bias=%g must be finite and > 0", fn, (double)max_bias);
+    if ((uint64_t)H > (uint64_t)PTRDIFF_MAX / sizeof(float))
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: H=%lld floats are more bytes than an object can hold", fn,
+                          (long long)H);
     int64_t n = 1;
-    while (n * 2 <= H)
+    while (n <= H / 2) /* (n * 2 <= H would overflow for H >= 2^62) */
         n *= 2;
     for (int64_t i = 0; i < H; ++i) {
-        const double e = i < n ? (double)(i + 1) / (double)n : (double)(2 * (i - n) + 1) / (double)(2 * n);
+        const double e = i < n ? (double)(i + 1) / (double)n
+                               : ((double)(i - n) * 2.0 + 1.0) / ((double)n * 2.0);
         out[i] = (float)exp2(-(double)max_bias * e);
     }
+    sdpa__clear_error();
     return SDPA_OK;
 }

@@ -239,6 +239,7 @@ SDPA_API sdpa_status sdpa_threadpool_create(int nthreads, sdpa_threadpool **out)
         }
     }
     *out = pool;
+    sdpa__clear_error();
     return SDPA_OK;
 }
 

@@ -511,7 +511,41 @@ static void alibi_slopes_formula(void **state) {
     assert_int_equal(sdpa_alibi_slopes(4, 0.0f, dummy), SDPA_ERR_INVALID_ARGUMENT);
     assert_int_equal(sdpa_alibi_slopes(4, NAN, dummy), SDPA_ERR_INVALID_ARGUMENT);
     assert_int_equal(sdpa_alibi_slopes(4, 8.0f, NULL), SDPA_ERR_NULL_POINTER);
+    /* more floats than an object can hold: a status, at once (the power-of-two search of an
+     * earlier version overflowed int64 for H >= 2^62 and never ended) */
+    assert_int_equal(sdpa_alibi_slopes(((int64_t)1 << 62) + 1, 8.0f, dummy), SDPA_ERR_SIZE_OVERFLOW);
+    assert_int_equal(sdpa_alibi_slopes(INT64_MAX, 8.0f, dummy), SDPA_ERR_SIZE_OVERFLOW);
     assert_true(dummy[0] == 7.0f);
+}
+
+/* Each serving entry point leaves "" as the message when it succeeds after a failed call
+ * (sdpa_last_error_message: "" when the last call on this thread succeeded). */
+static void serving_calls_clear_the_message(void **state) {
+    (void)state;
+    float s[4];
+    float dummy[1];
+    assert_int_equal(sdpa_alibi_slopes(0, 8.0f, dummy), SDPA_ERR_INVALID_ARGUMENT);
+    assert_true(strlen(sdpa_last_error_message()) > 0);
+    assert_int_equal(sdpa_alibi_slopes(4, 8.0f, s), SDPA_OK);
+    assert_string_equal(sdpa_last_error_message(), "");
+
+    sdpa_threadpool *pool = NULL;
+    assert_int_equal(sdpa_threadpool_create(0, &pool), SDPA_ERR_INVALID_ARGUMENT);
+    assert_true(strlen(sdpa_last_error_message()) > 0);
+    assert_int_equal(sdpa_threadpool_create(2, &pool), SDPA_OK);
+    assert_string_equal(sdpa_last_error_message(), "");
+    sdpa_threadpool_destroy(pool);
+
+    float cache[2 * 4 * 2] = {0}, row[2] = {1.0f, 2.0f};
+    sdpa_tensor kc, kr;
+    assert_int_equal(sdpa_tensor_init_4d(&kc, cache, 2, 1, 4, 2), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_3d(&kr, row, 1, 1, 2), SDPA_OK);
+    const int64_t bad_slot[1] = {8}, slot[1] = {5};
+    assert_int_equal(sdpa_kv_write(&kc, NULL, &kr, NULL, bad_slot), SDPA_ERR_INDEX);
+    assert_true(strlen(sdpa_last_error_message()) > 0);
+    assert_int_equal(sdpa_kv_write(&kc, NULL, &kr, NULL, slot), SDPA_OK);
+    assert_string_equal(sdpa_last_error_message(), "");
+    assert_true(cache[5 * 2] == 1.0f && cache[5 * 2 + 1] == 2.0f);
 }
 
 /* ALiBi vs the reference and vs an explicit bias tensor, every kernel, several alignments. */
@@ -981,6 +1015,7 @@ int main(void) {
         cmocka_unit_test(sinks_in_double_fallback),
         cmocka_unit_test(weights_with_sinks_and_alibi),
         cmocka_unit_test(alibi_slopes_formula),
+        cmocka_unit_test(serving_calls_clear_the_message),
         cmocka_unit_test(alibi_matches_bias_and_reference),
         cmocka_unit_test(alibi_huge_slope),
         cmocka_unit_test(bad_sink_and_slope_arguments),
