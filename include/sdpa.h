@@ -423,7 +423,8 @@ typedef struct sdpa_options {
     int32_t empty_rows;
     /** With sliding_window = 1: inclusive counts of other keys, -1 = unbounded on that side:
      *  key j allowed only if p - window_left <= j <= p + window_right. A Hugging Face
-     *  sliding_window=W (with causal) is (W-1, 0). Values < -1 are rejected. */
+     *  sliding_window=W (with causal) is (W-1, 0). With sliding_window = 1, values < -1 are
+     *  SDPA_ERR_INVALID_ARGUMENT; with 0 both sides are ignored, whatever they hold. */
     int64_t window_left;
     int64_t window_right; /**< right side of the window (see window_left); -1 = unbounded */
 

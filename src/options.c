@@ -89,7 +89,7 @@ sdpa_status sdpa__options_check(const char *fn, const sdpa_options *o) {
         o->alignment != SDPA_ALIGN_OFFSETS)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->alignment=%d is not an sdpa_alignment", fn,
                           (int)o->alignment);
-    if (o->window_left < -1 || o->window_right < -1)
+    if (o->sliding_window == 1 && (o->window_left < -1 || o->window_right < -1)) /* else ignored (header) */
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->window_left=%lld, window_right=%lld must be >= -1",
                           fn, (long long)o->window_left, (long long)o->window_right);
     if (o->empty_rows != SDPA_EMPTY_ROWS_ERROR && o->empty_rows != SDPA_EMPTY_ROWS_ZERO)

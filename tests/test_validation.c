@@ -605,6 +605,12 @@ static void validation_bad_scale_and_softcap_are_rejected(void **state)
     CHECK_FAIL(f, SDPA_ERR_INVALID_ARGUMENT, "window_right -5");
     f->opt.window_right = -1;
     CHECK_OK(f, "sliding_window 1 with both sides unbounded");
+    /* without sliding_window = 1 the sides are ignored (header, README), whatever they hold */
+    f->opt.sliding_window = 0;
+    f->opt.window_left = -2;
+    f->opt.window_right = INT64_MIN;
+    CHECK_OK(f, "sides ignored without sliding_window");
+    f->opt.window_left = f->opt.window_right = -1;
     f->opt.scale = 0.5f;
     f->opt.softcap = 30.0f;
     CHECK_OK(f, "valid scale and softcap");
