@@ -217,7 +217,9 @@ SDPA_API const char *sdpa_dtype_name(sdpa_dtype dtype);
  * @param rank    1..SDPA_MAX_RANK.  @param shape [rank] sizes >= 0.  @param strides [rank].
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER (view, shape, strides, or data of a non-empty view),
  *         SDPA_ERR_DTYPE (not an sdpa_dtype), SDPA_ERR_RANK, SDPA_ERR_SHAPE (negative size),
- *         SDPA_ERR_SIZE_OVERFLOW (element count, a stride or the byte span overflows).
+ *         SDPA_ERR_SIZE_OVERFLOW (element count, a stride or the byte span overflows, or the
+ *         view's addresses wrap around: its lowest element below address 0 with negative strides,
+ *         or its end past the top; every function that takes a view checks the same).
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_strided(sdpa_tensor *view, const void *data,
                                                              sdpa_dtype dtype, int32_t rank,

@@ -46,6 +46,33 @@ sdpa_status sdpa__check_geometry(const char *fn, const char *name, int32_t rank,
     return SDPA_OK;
 }
 
+/* After sdpa__check_geometry: the addresses of a non-empty view, from its lowest element (below
+ * data with negative strides) to the end of its highest, must not wrap around the address space
+ * (no object lies across address 0; reading such a view would touch addresses far from data). */
+static sdpa_status check_address_range(const char *fn, const char *name, const void *data, int32_t rank,
+                                       const int64_t *shape, const int64_t *strides, size_t elem) {
+    int64_t below = 0, above = 1; /* elements; each fits: sdpa__check_geometry bounded the span */
+    for (int32_t d = 0; d < rank; ++d) {
+        if (shape[d] == 0)
+            return SDPA_OK;
+        if (strides[d] < 0)
+            below += (shape[d] - 1) * -strides[d];
+        else
+            above += (shape[d] - 1) * strides[d];
+    }
+    const uintptr_t base = (uintptr_t)data, lo = (uintptr_t)below * elem, hi = (uintptr_t)above * elem;
+    if (base < lo)
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW,
+                          "%s: %s reaches %llu bytes below data=%p (negative strides), below address 0: no object "
+                          "spans that",
+                          fn, name, (unsigned long long)lo, data);
+    if (base > UINTPTR_MAX - hi)
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW,
+                          "%s: %s reaches %llu bytes above data=%p, past the end of the address space", fn, name,
+                          (unsigned long long)hi, data);
+    return SDPA_OK;
+}
+
 sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char *name,
                                int32_t rank_min, int32_t rank_max) {
     sdpa_status st = sdpa__check_view(t, fn, name, rank_min, rank_max);
@@ -191,7 +218,7 @@ sdpa_status sdpa__check_mask(const char *fn, const char *name, const sdpa_allow_
         numel *= m->shape[d];
     if (numel > 0 && m->data == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL", fn, name);
-    return SDPA_OK;
+    return check_address_range(fn, name, m->data, m->rank, m->shape, m->strides, 1);
 }
 
 static sdpa_status init_contiguous(const char *fn, sdpa_tensor *view, const void *data, sdpa_dtype dtype, int32_t rank,
@@ -306,7 +333,7 @@ sdpa_status sdpa__check_view(const sdpa_tensor *t, const char *fn, const char *n
     if (numel > 0 && t->data == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL but the view has %lld elements", fn,
                           name, (long long)numel);
-    return SDPA_OK;
+    return check_address_range(fn, name, t->data, t->rank, t->shape, t->strides, elem);
 }
 
 sdpa_status sdpa__check_dtype_supported(const sdpa_tensor *t, const char *fn, const char *name, unsigned dtypes) {
@@ -348,6 +375,9 @@ static sdpa_status init_view(const char *fn, sdpa_tensor *view, const void *data
     if (data == NULL && numel > 0)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld elements", fn,
                           (long long)numel);
+    st = check_address_range(fn, "view", data, rank, shape, strides, elem);
+    if (st != SDPA_OK)
+        return st;
     /* The library never writes through an input view: the cast only keeps the frozen layout. */
     view->data = (void *)(uintptr_t)data;
     view->dtype = (int32_t)dtype;

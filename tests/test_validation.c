@@ -1135,6 +1135,48 @@ static void validation_negative_strides_count_in_the_extent(void **state)
     }
 }
 
+/* A view whose extent fits int64 but whose addresses wrap around the address space (its lowest
+ * element below address 0, or its end past the top) is SDPA_ERR_SIZE_OVERFLOW: from the
+ * strided constructor, from a hand-built view in sdpa_attention (which read it before: SIGSEGV)
+ * and from a mask; nothing is read or written. */
+static void validation_view_addresses_must_not_wrap(void **state)
+{
+    (void)state;
+    fx *f = fx_new();
+    const int64_t below = -((int64_t)1 << 58); /* 2^60 bytes of f32 below q on the query axis */
+    sdpa_tensor q = f->tq;                     /* [2, 4, 3, 4] */
+    q.strides[2] = below;
+    f->pass_w = f->pass_lse = 0;
+    if ((uintptr_t)f->tq.data < ((uintptr_t)1 << 61)) /* user-space addresses: always */
+        check_fail_views(f, &q, &f->tk, &f->tv, &f->opt, &f->to, SDPA_ERR_SIZE_OVERFLOW, "q below address 0",
+                         __LINE__);
+    sdpa_tensor t;
+    const int64_t shape[4] = {2, 4, 3, 4}, strides[4] = {48, 12, below, 1};
+    assert_int_equal(sdpa_tensor_init_strided(&t, f->tq.data, SDPA_DTYPE_F32, 4, shape, strides),
+                     SDPA_ERR_SIZE_OVERFLOW);
+    assert_non_null(strstr(sdpa_last_error_message(), "below address 0"));
+    /* the same strides from an address high enough are a valid view (never dereferenced here) */
+    void *high = (void *)((uintptr_t)1 << 62);
+    assert_int_equal(sdpa_tensor_init_strided(&t, high, SDPA_DTYPE_F32, 4, shape, strides), SDPA_OK);
+    /* past the top of the address space */
+    void *top = (void *)(UINTPTR_MAX - 63); /* 64 bytes below the top: k [2, 2, 5, 4] needs 320 */
+    const int64_t up[4] = {48, 12, 4096, 1};
+    assert_int_equal(sdpa_tensor_init_strided(&t, top, SDPA_DTYPE_F32, 4, shape, up), SDPA_ERR_SIZE_OVERFLOW);
+    sdpa_tensor k = f->tk;
+    k.data = top;
+    check_fail_views(f, &f->tq, &k, &f->tv, &f->opt, &f->to, SDPA_ERR_SIZE_OVERFLOW, "k past the top", __LINE__);
+    /* an allow-mask the same way */
+    uint8_t mbuf[16] = {1};
+    sdpa_allow_mask m;
+    const int64_t mshape[2] = {3, 5};
+    assert_int_equal(sdpa_allow_mask_init(&m, mbuf, 2, mshape), SDPA_OK);
+    m.strides[0] = below;
+    f->opt.allow_mask = &m;
+    check_fail_views(f, &f->tq, &f->tk, &f->tv, &f->opt, &f->to, SDPA_ERR_SIZE_OVERFLOW, "mask below address 0",
+                     __LINE__);
+    free(f);
+}
+
 /* Every byte past sizeof(sdpa_options) that a larger struct_size covers is checked, the first
  * one included. */
 static void validation_first_tail_byte_of_larger_options_is_checked(void **state)
@@ -1567,6 +1609,7 @@ int main(void)
         cmocka_unit_test(validation_status_strings_name_every_code),
         cmocka_unit_test(validation_version_matches_header),
         cmocka_unit_test(validation_error_message_clears_on_success),
+        cmocka_unit_test(validation_view_addresses_must_not_wrap),
         cmocka_unit_test(validation_view_constructors_reject_bad_input),
         cmocka_unit_test(validation_view_constructors_reject_null_data_of_non_empty_views),
         cmocka_unit_test(validation_output_overlapping_query_offsets_is_rejected),
