@@ -158,6 +158,9 @@ def as_numpy(obj, name, writable=False):
     Anything else raises TypeError naming what is accepted."""
     if isinstance(obj, np.ndarray):
         return obj
+    if isinstance(obj, np.generic):  # a numpy scalar: rank 0, and np.asarray would copy it
+        raise py_error("SDPA_ERR_RANK", f"{name} is a numpy scalar ({type(obj).__name__}), expected "
+                       f"an array ({ARRAY_TYPES_HINT})")
     if _is_torch_tensor(obj):
         return _from_torch(obj, name, writable)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):

@@ -21,7 +21,7 @@ import operator
 
 import numpy as np
 
-from ._arrays import as_numpy, is_bf16
+from ._arrays import as_numpy, is_bf16, kind_of
 from ._errors import py_error
 from ._lib import (SDPA_DTYPE_BF16, SDPA_DTYPE_F16, SDPA_DTYPE_F32, SDPA_MASK_MAX_RANK,
                    SDPA_MAX_RANK, SdpaAllowMask, SdpaTensor)
@@ -49,20 +49,35 @@ def sdpa_dtype(dtype):
     return None
 
 
-def tensor_view(array, name, writable=False):
+def tensor_view(array, name, writable=False, origin=None, float32_only=None):
     """An SdpaTensor over an array (numpy, torch CPU tensor, __dlpack__ or __array_interface__
     object; see _arrays) of float32, float16 or bfloat16 and any strides (negative and 0
-    included; the library accepts them on inputs). No copy, no conversion."""
+    included; the library accepts them on inputs). No copy, no conversion.
+    For the error hint of an unsupported dtype: origin = kind_of() of the caller's object when
+    `array` is already its numpy view ("torch": the hint is ``.float()``, which keeps a tensor),
+    float32_only = the name of a function that computes float32 only (sdpa_merge,
+    sdpa_mha_forward: the hint does not offer float16/bfloat16). The library still answers for
+    a float16/bfloat16 view there (its status and message)."""
+    if origin is None:
+        origin = kind_of(array)
     array = as_numpy(array, name, writable)
     code = sdpa_dtype(array.dtype)
     if code is None:
-        if array.dtype.kind == "f" and array.dtype.itemsize in (2, 4) and not array.dtype.isnative:
-            hint = f"{name}.astype({name}.dtype.newbyteorder('='))"  # same dtype, native order
+        if origin == "torch":
+            shown = f"torch.{array.dtype}"
+            hint = f"{name}.float()"
         else:
-            hint = f"np.asarray({name}, dtype=np.float32)"
+            shown = f"{array.dtype.str} ({array.dtype})"
+            if array.dtype.kind == "f" and array.dtype.itemsize in (2, 4) and not array.dtype.isnative:
+                hint = f"{name}.astype({name}.dtype.newbyteorder('='))"  # same dtype, native order
+            else:
+                hint = f"np.asarray({name}, dtype=np.float32)"
+        expected = (f"float32 ({float32_only} computes float32 only)" if float32_only else
+                    "float32, float16 or bfloat16")
+        if origin != "torch":
+            expected += " in native byte order"
         raise py_error("SDPA_ERR_DTYPE",
-                       f"{name}.dtype={array.dtype.str} ({array.dtype}), expected float32, "
-                       "float16 or bfloat16 in native byte order; this package never converts "
+                       f"{name}.dtype={shown}, expected {expected}; this package never converts "
                        f"or copies inputs: pass {hint}")
     if not 1 <= array.ndim <= SDPA_MAX_RANK:
         raise py_error("SDPA_ERR_RANK", f"{name}.ndim={array.ndim} is outside 1..{SDPA_MAX_RANK}")

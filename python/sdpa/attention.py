@@ -171,16 +171,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     # caller's memory (_arrays.as_numpy), never a copy.
     out_given = out
     like = kind_of(query)
+    origin = {"query": like, "key": kind_of(key), "value": kind_of(value)}  # for error hints
     query = as_numpy(query, "query")
     key = as_numpy(key, "key")
     value = as_numpy(value, "value")
     for name, a in (("query", query), ("key", key), ("value", value)):
         if a.ndim < 2:
-            tensor_view(a, name)  # raises the precise error (dtype, rank)
+            tensor_view(a, name, origin=origin[name])  # raises the precise error (dtype, rank)
             raise py_error("SDPA_ERR_RANK", f"{name}.ndim={a.ndim}, expected 3 or 4")
-    tq = tensor_view(query, "query")
-    tk = tensor_view(key, "key")
-    tv = tensor_view(value, "value")
+    tq = tensor_view(query, "query", origin=origin["query"])
+    tk = tensor_view(key, "key", origin=origin["key"])
+    tv = tensor_view(value, "value", origin=origin["value"])
     qnd = query.ndim
 
     out_shape = query.shape[:-1] + value.shape[-1:]
@@ -346,10 +347,11 @@ def merge(out_a, lse_a, out_b, lse_b):
     like = kind_of(out_a)
     out_a, lse_a = as_numpy(out_a, "out_a"), as_numpy(lse_a, "lse_a")
     out_b, lse_b = as_numpy(out_b, "out_b"), as_numpy(lse_b, "lse_b")
-    ta = tensor_view(out_a, "out_a")
-    tla = tensor_view(lse_a, "lse_a")
-    tb = tensor_view(out_b, "out_b")
-    tlb = tensor_view(lse_b, "lse_b")
+    f32 = dict(float32_only="sdpa_merge", origin=like)
+    ta = tensor_view(out_a, "out_a", **f32)
+    tla = tensor_view(lse_a, "lse_a", **f32)
+    tb = tensor_view(out_b, "out_b", **f32)
+    tlb = tensor_view(lse_b, "lse_b", **f32)
     out = np.empty(out_a.shape, dtype=np.float32)
     lse = np.empty(out_a.shape[:-1] if out_a.ndim > 1 else (1,), dtype=np.float32)
     tout = tensor_view(out, "out", writable=True)

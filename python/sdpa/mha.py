@@ -303,7 +303,9 @@ class MultiheadAttention:
             q, k, v = (x.transpose(1, 0, 2) for x in (query, key, value))
         B, L = q.shape[0], q.shape[1]
         S = k.shape[1]
-        tq, tk, tv = tensor_view(q, "query"), tensor_view(k, "key"), tensor_view(v, "value")
+        f32 = dict(float32_only="sdpa_mha_forward", origin=like)  # for the dtype error's hint
+        tq, tk, tv = (tensor_view(q, "query", **f32), tensor_view(k, "key", **f32),
+                      tensor_view(v, "value", **f32))
 
         if not batched or self.batch_first:
             out_view, out_user = new_array((B, L, self.embed_dim), np.dtype(np.float32), like)

@@ -94,6 +94,14 @@ class ErrorFamilyTest(unittest.TestCase):
                          attn_mask=np.zeros((3, 5), np.float64))
         with self.assertRaises(TypeError):
             call(q=[[0.0]])
+        # a numpy scalar is rank 0 (it raised SdpaInternalError: np.asarray copied it)
+        self.assertFails(sdpa.SdpaShapeError, "SDPA_ERR_RANK", "numpy scalar", q=np.float32(1))
+        # float32-only functions do not offer float16/bfloat16 in their hint
+        o64, lse = np.zeros((2, 3)), np.zeros(2, np.float32)
+        with self.assertRaises(sdpa.SdpaDtypeError) as cm:
+            sdpa.merge(o64, lse, o64.astype(np.float32), lse)
+        self.assertIn("sdpa_merge computes float32 only", cm.exception.message)
+        self.assertNotIn("float16", cm.exception.message)
         del g
 
     def test_value_family(self):

@@ -89,6 +89,16 @@ class TorchAttentionTest(unittest.TestCase):
         self.expected = ref.ref_sdpa(self.q.numpy(), self.k.numpy(), self.v.numpy(),
                                      causal=True)[0]
 
+    def test_dtype_hint_keeps_a_tensor(self):
+        """A float64 tensor is told to pass x.float() (a tensor), not np.asarray (a numpy array
+        whose result would come back as numpy)."""
+        x = torch.zeros(1, 1, 3, 4, dtype=torch.float64)
+        with self.assertRaises(sdpa.SdpaDtypeError) as cm:
+            sdpa.scaled_dot_product_attention(x, x.float(), x.float())
+        self.assertIn("torch.float64", cm.exception.message)
+        self.assertIn("query.float()", cm.exception.message)
+        self.assertNotIn("np.asarray", cm.exception.message)
+
     def test_tensor_in_tensor_out(self):
         out, lse = sdpa.scaled_dot_product_attention(self.q, self.k, self.v, causal=True,
                                                      need_lse=True)
