@@ -124,15 +124,18 @@ SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const s
     sdpa__clear_error();
     if (bytes == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: bytes is NULL", fn);
-    sdpa_status st = sdpa__plan_make(q, k, v, options, NULL, NULL, NULL, true, &p, &o);
+    /* the validation of sdpa_attention, its messages naming this function */
+    sdpa_status st = sdpa__rename_error(sdpa__plan_make(q, k, v, options, NULL, NULL, NULL, true, &p, &o), FN, fn);
     if (st != SDPA_OK)
         return st;
     p.has_weights = weights_requested != 0;
     if (o.cu_seqlens_q != NULL && p.has_weights)
-        return sdpa__fail(SDPA_ERR_UNSUPPORTED, "%s: weights are not available for a packed batch (cu_seqlens_q)", fn);
+        return sdpa__fail(SDPA_ERR_UNSUPPORTED,
+                          "%s: weights are not available for a packed batch (cu_seqlens_q); pass weights_requested=0",
+                          fn);
     if (o.cu_seqlens_q != NULL)
-        return sdpa__varlen_workspace_bytes(fn, &p, &o, bytes);
-    return sdpa__attention_workspace_bytes(fn, &p, bytes);
+        return sdpa__rename_error(sdpa__varlen_workspace_bytes(fn, &p, &o, bytes), FN, fn);
+    return sdpa__rename_error(sdpa__attention_workspace_bytes(fn, &p, bytes), FN, fn);
 }
 
 SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,

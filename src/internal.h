@@ -21,6 +21,9 @@
 /* Record a failure detail ("printf" style) for sdpa_last_error_message(); returns status. */
 sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...) SDPA__PRINTF(2, 3);
 void sdpa__clear_error(void);
+/* A failure's message that begins "from:" begins "to:" instead (an entry point reusing another's
+ * validation, e.g. sdpa_attention_workspace_size over sdpa__plan_make); returns status. */
+sdpa_status sdpa__rename_error(sdpa_status status, const char *from, const char *to);
 void sdpa__set_kernel(const char *name);
 /* sdpa_last_kernel() = name followed by tag ("tiled-avx512" + "-f16"; tag "" or NULL: name). */
 void sdpa__set_kernel_path(const char *name, const char *tag);

@@ -11,17 +11,19 @@ static const char FN[] = "sdpa_kv_write";
  * dtype in pieces of this many elements (no allocation). */
 #define KVW_CHUNK 256
 
-static sdpa_status check_pair(const sdpa_tensor *cache, const sdpa_tensor *rows, const char *cname, const char *rname) {
+/* w: the width's name in the messages ("E" for keys, "Ev" for values). */
+static sdpa_status check_pair(const sdpa_tensor *cache, const sdpa_tensor *rows, const char *cname, const char *rname,
+                              const char *w) {
     sdpa_status st;
     if ((st = sdpa__check_view(cache, FN, cname, 4, 4)) != SDPA_OK) return st;
     if ((st = sdpa__check_dtype_supported(cache, FN, cname, SDPA__DTYPES_ALL)) != SDPA_OK) return st;
     if ((st = sdpa__check_view(rows, FN, rname, 3, 3)) != SDPA_OK) return st;
     if ((st = sdpa__check_dtype_supported(rows, FN, rname, SDPA__DTYPES_ALL)) != SDPA_OK) return st;
     if (rows->shape[1] != cache->shape[1] || rows->shape[2] != cache->shape[3])
-        return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s [T, Hkv, E] = [%lld, %lld, %lld] does not match %s [num_blocks, Hkv, block_size, E] = [%lld, %lld, %lld, %lld] in Hkv and E",
-                          FN, rname, (long long)rows->shape[0], (long long)rows->shape[1], (long long)rows->shape[2], cname,
-                          (long long)cache->shape[0], (long long)cache->shape[1], (long long)cache->shape[2],
-                          (long long)cache->shape[3]);
+        return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s [T, Hkv, %s] = [%lld, %lld, %lld] does not match %s [num_blocks, Hkv, block_size, %s] = [%lld, %lld, %lld, %lld] in Hkv and %s",
+                          FN, rname, w, (long long)rows->shape[0], (long long)rows->shape[1], (long long)rows->shape[2],
+                          cname, w, (long long)cache->shape[0], (long long)cache->shape[1], (long long)cache->shape[2],
+                          (long long)cache->shape[3], w);
     return sdpa__check_output_layout(cache, FN, cname);
 }
 
@@ -51,10 +53,10 @@ SDPA_API sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, const sdpa_tens
     if (key == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: key is NULL", FN);
     if ((value_cache == NULL) != (value == NULL))
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: value_cache and value must both be given or both be NULL", FN);
-    if ((st = check_pair(key_cache, key, "key_cache", "key")) != SDPA_OK) return st;
+    if ((st = check_pair(key_cache, key, "key_cache", "key", "E")) != SDPA_OK) return st;
     const int64_t T = key->shape[0];
     if (value != NULL) {
-        if ((st = check_pair(value_cache, value, "value_cache", "value")) != SDPA_OK) return st;
+        if ((st = check_pair(value_cache, value, "value_cache", "value", "Ev")) != SDPA_OK) return st;
         if (value->shape[0] != T)
             return sdpa__fail(SDPA_ERR_SHAPE, "%s: value.shape[0]=%lld does not match key.shape[0]=%lld (rows T)", FN,
                               (long long)value->shape[0], (long long)T);

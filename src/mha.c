@@ -127,9 +127,16 @@ static sdpa_status check_bias_kv(const char *fn, const char *name, const sdpa_te
         return st;
     for (int32_t d = 0; d < t->rank; ++d) {
         int64_t want = d == t->rank - 1 ? Dkv : 1;
-        if (t->shape[d] != want)
-            return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s.shape[%d]=%lld, expected %lld (shape [1, 1, Dkv=%lld])", fn, name,
-                              (int)d, (long long)t->shape[d], (long long)want, (long long)Dkv);
+        if (t->shape[d] != want) {
+            char shape[SDPA_MAX_RANK * 22 + 2];
+            int at = 0;
+            for (int32_t x = 0; x < t->rank; ++x)
+                at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%lld", x ? ", " : "", (long long)t->shape[x]);
+            return sdpa__fail(SDPA_ERR_SHAPE,
+                              "%s: %s has shape [%s], expected [1, 1, Dkv=%lld] (any rank: the last size Dkv, the "
+                              "others 1); shape[%d]=%lld should be %lld",
+                              fn, name, shape, (long long)Dkv, (int)d, (long long)t->shape[d], (long long)want);
+        }
     }
     *data = (const float *)t->data;
     *stride = t->strides[t->rank - 1];

@@ -1,6 +1,8 @@
 /* Status names, the thread-local failure detail and the last kernel name. */
 #include "internal.h"
 
+#include <string.h>
+
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -45,6 +47,16 @@ sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...) {
 }
 
 void sdpa__clear_error(void) { last_error[0] = '\0'; }
+
+sdpa_status sdpa__rename_error(sdpa_status status, const char *from, const char *to) {
+    const size_t n = strlen(from);
+    if (status == SDPA_OK || strncmp(last_error, from, n) != 0 || last_error[n] != ':')
+        return status;
+    char rest[sizeof last_error];
+    snprintf(rest, sizeof rest, "%s", last_error + n);
+    snprintf(last_error, sizeof last_error, "%s%s", to, rest);
+    return status;
+}
 
 void sdpa__set_kernel(const char *name) { last_kernel = name; }
 

@@ -1137,7 +1137,7 @@ static void mha_every_error_family_leaves_outputs_untouched(void **state) {
         sdpa_tensor bk;
         assert_int_equal(sdpa_tensor_init(&bk, junk, 3, bks), SDPA_OK);
         env->p.bias_k = env->p.bias_v = &bk;
-        expect_fail(env, SDPA_ERR_SHAPE, "bias_k [2, 1, 8]", "bias_k");
+        expect_fail(env, SDPA_ERR_SHAPE, "bias_k [2, 1, 8]", "bias_k has shape [2, 1, 8]");
     }
     env->k.shape[2] = 7;
     expect_fail(env, SDPA_ERR_SHAPE, "key width != kdim", "key");

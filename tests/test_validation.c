@@ -1135,6 +1135,26 @@ static void validation_negative_strides_count_in_the_extent(void **state)
     }
 }
 
+/* sdpa_attention_workspace_size runs sdpa_attention's validation, and its messages name it. */
+static void validation_workspace_size_messages_name_it(void **state)
+{
+    (void)state;
+    fx *f = fx_new();
+    size_t bytes = 7;
+    assert_int_equal(sdpa_attention_workspace_size(NULL, &f->tk, &f->tv, &f->opt, 0, &bytes), SDPA_ERR_NULL_POINTER);
+    assert_string_equal(sdpa_last_error_message(), "sdpa_attention_workspace_size: query is NULL");
+    sdpa_tensor k = f->tk;
+    k.shape[3] = 3;
+    assert_int_equal(sdpa_attention_workspace_size(&f->tq, &k, &f->tv, &f->opt, 0, &bytes), SDPA_ERR_SHAPE);
+    assert_non_null(strstr(sdpa_last_error_message(), "sdpa_attention_workspace_size: key.shape[3]=3"));
+    f->opt.kernel = SDPA_KERNEL_TILED;
+    assert_int_equal(sdpa_attention_workspace_size(&f->tq, &f->tk, &f->tv, &f->opt, 1, &bytes), SDPA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(sdpa_last_error_message(), "sdpa_attention_workspace_size: "));
+    assert_non_null(strstr(sdpa_last_error_message(), "weights_requested=0"));
+    assert_true(bytes == 7);
+    free(f);
+}
+
 /* A view whose extent fits int64 but whose addresses wrap around the address space (its lowest
  * element below address 0, or its end past the top) is SDPA_ERR_SIZE_OVERFLOW: from the
  * strided constructor, from a hand-built view in sdpa_attention (which read it before: SIGSEGV)
@@ -1610,6 +1630,7 @@ int main(void)
         cmocka_unit_test(validation_version_matches_header),
         cmocka_unit_test(validation_error_message_clears_on_success),
         cmocka_unit_test(validation_view_addresses_must_not_wrap),
+        cmocka_unit_test(validation_workspace_size_messages_name_it),
         cmocka_unit_test(validation_view_constructors_reject_bad_input),
         cmocka_unit_test(validation_view_constructors_reject_null_data_of_non_empty_views),
         cmocka_unit_test(validation_output_overlapping_query_offsets_is_rejected),
