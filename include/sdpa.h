@@ -999,7 +999,8 @@ SDPA_API void sdpa_mha_params_init_sized(sdpa_mha_params *params, size_t struct_
 static inline void sdpa_mha_params_init(sdpa_mha_params *params) {
     sdpa_mha_params_init_sized(params, sizeof(sdpa_mha_params));
 }
-/** Fill the first struct_size bytes of *options with defaults (all zero) and set struct_size. */
+/** Fill the first struct_size bytes of *options with defaults (all zero) and set struct_size.
+ *  Does nothing if options is NULL or struct_size < sizeof(size_t). */
 SDPA_API void sdpa_mha_options_init_sized(sdpa_mha_options *options, size_t struct_size);
 /** sdpa_mha_options_init_sized(options, sizeof(sdpa_mha_options)). */
 static inline void sdpa_mha_options_init(sdpa_mha_options *options) {

@@ -26,8 +26,8 @@ sdpa_status sdpa__read_versioned(const char *fn, const char *what, const char *i
      * pointer would crash), so it is refused, not truncated. */
     if (sz % _Alignof(size_t) != 0)
         return sdpa__fail(SDPA_ERR_STRUCT_VERSION,
-                          "%s: %s->struct_size=%zu is not a multiple of %zu, so it is no released layout's size "
-                          "(call %s_init())",
+                          "%s: %s->struct_size=%zu is not a multiple of %zu (every layout's sizeof is: such a "
+                          "size ends inside a field; call %s_init())",
                           fn, what, sz, (size_t)_Alignof(size_t), init_name);
     memcpy(dst, in, sz < dst_size ? sz : dst_size);
     const unsigned char *bytes = (const unsigned char *)in;
