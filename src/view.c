@@ -51,10 +51,11 @@ sdpa_status sdpa__check_geometry(const char *fn, const char *name, int32_t rank,
  * (no object lies across address 0; reading such a view would touch addresses far from data). */
 static sdpa_status check_address_range(const char *fn, const char *name, const void *data, int32_t rank,
                                        const int64_t *shape, const int64_t *strides, size_t elem) {
+    for (int32_t d = 0; d < rank; ++d)
+        if (shape[d] == 0)
+            return SDPA_OK; /* empty: first, as sdpa__check_geometry bounded no other size then */
     int64_t below = 0, above = 1; /* elements; each fits: sdpa__check_geometry bounded the span */
     for (int32_t d = 0; d < rank; ++d) {
-        if (shape[d] == 0)
-            return SDPA_OK;
         if (strides[d] < 0)
             below += (shape[d] - 1) * -strides[d];
         else
