@@ -11,6 +11,11 @@
 
 #include "internal.h"
 
+/* The *why of a kernel that produces no weights, asked for them (tiled, decode). */
+#define SDPA__WHY_NO_WEIGHTS                                                                                       \
+    "does not produce weights; pass weights=NULL (weights_requested=0), or use SDPA_KERNEL_AUTO or "               \
+    "SDPA_KERNEL_REFERENCE"
+
 /* How well a kernel fits a plan. */
 typedef enum sdpa__fit {
     SDPA__FIT_NO = 0,     /* cannot run it (*why says why, for SDPA_ERR_UNSUPPORTED) */

@@ -712,8 +712,7 @@ static sdpa_status decode_finish(void *vctx) {
 
 static sdpa__fit decode_supports(const sdpa__plan *p, const char **why) {
     if (p->has_weights) {
-        *why = "does not produce weights; pass weights=NULL (weights_requested=0), or use SDPA_KERNEL_AUTO or "
-               "SDPA_KERNEL_REFERENCE";
+        *why = SDPA__WHY_NO_WEIGHTS;
         return SDPA__FIT_NO;
     }
     return p->L <= DECODE_AUTO_MAX_L ? SDPA__FIT_AUTO : SDPA__FIT_FORCED;

@@ -592,8 +592,7 @@ static void tiled_prepare(const sdpa__plan *p, void *shared, unsigned char *tws,
 
 static sdpa__fit tiled_supports(const sdpa__plan *p, const char **why) {
     if (p->has_weights) {
-        *why = "does not produce weights; pass weights=NULL (weights_requested=0), or use SDPA_KERNEL_AUTO or "
-               "SDPA_KERNEL_REFERENCE";
+        *why = SDPA__WHY_NO_WEIGHTS;
         return SDPA__FIT_NO;
     }
     return SDPA__FIT_AUTO;

@@ -46,21 +46,34 @@ sdpa_status sdpa__check_geometry(const char *fn, const char *name, int32_t rank,
     return SDPA_OK;
 }
 
+/* A view's extent in elements around data: `below` (reached through negative strides) and
+ * `above` (through positive ones, its last element included, so >= 1). False for an empty view,
+ * checked first: its other sizes and strides were never bounded (sdpa__check_geometry returns
+ * early), so nothing is multiplied. For a non-empty view that passed sdpa__check_geometry both
+ * fit int64. */
+static bool extent_of(int32_t rank, const int64_t *shape, const int64_t *strides, int64_t *below, int64_t *above) {
+    for (int32_t d = 0; d < rank; ++d)
+        if (shape[d] == 0)
+            return false;
+    *below = 0;
+    *above = 1;
+    for (int32_t d = 0; d < rank; ++d) {
+        if (strides[d] < 0)
+            *below += (shape[d] - 1) * -strides[d];
+        else
+            *above += (shape[d] - 1) * strides[d];
+    }
+    return true;
+}
+
 /* After sdpa__check_geometry: the addresses of a non-empty view, from its lowest element (below
  * data with negative strides) to the end of its highest, must not wrap around the address space
  * (no object lies across address 0; reading such a view would touch addresses far from data). */
 static sdpa_status check_address_range(const char *fn, const char *name, const void *data, int32_t rank,
                                        const int64_t *shape, const int64_t *strides, size_t elem) {
-    for (int32_t d = 0; d < rank; ++d)
-        if (shape[d] == 0)
-            return SDPA_OK; /* empty: first, as sdpa__check_geometry bounded no other size then */
-    int64_t below = 0, above = 1; /* elements; each fits: sdpa__check_geometry bounded the span */
-    for (int32_t d = 0; d < rank; ++d) {
-        if (strides[d] < 0)
-            below += (shape[d] - 1) * -strides[d];
-        else
-            above += (shape[d] - 1) * strides[d];
-    }
+    int64_t below, above;
+    if (!extent_of(rank, shape, strides, &below, &above))
+        return SDPA_OK;
     const uintptr_t base = (uintptr_t)data, lo = (uintptr_t)below * elem, hi = (uintptr_t)above * elem;
     if (base < lo)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW,
@@ -120,19 +133,12 @@ sdpa_status sdpa__check_output_layout(const sdpa_tensor *t, const char *fn, cons
 static sdpa__span span_of(const void *data, int32_t rank, const int64_t *shape, const int64_t *strides,
                           size_t elem) {
     sdpa__span s = {0, 0};
-    int64_t lo = 0, hi = 0;
-    for (int32_t d = 0; d < rank; ++d)
-        if (shape[d] == 0)
-            return s; /* empty: first, as its other strides were never checked (no overflow) */
-    for (int32_t d = 0; d < rank; ++d) {
-        if (strides[d] > 0)
-            hi += (shape[d] - 1) * strides[d];
-        else
-            lo += (shape[d] - 1) * strides[d];
-    }
-    uintptr_t base = (uintptr_t)data;
-    s.lo = base - (uintptr_t)(-lo) * elem;
-    s.hi = base + (uintptr_t)hi * elem + elem;
+    int64_t below, above;
+    if (!extent_of(rank, shape, strides, &below, &above))
+        return s; /* empty */
+    const uintptr_t base = (uintptr_t)data;
+    s.lo = base - (uintptr_t)below * elem;
+    s.hi = base + (uintptr_t)above * elem;
     return s;
 }
 
