@@ -294,9 +294,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     opt.precision = choice(precision, PRECISIONS, "precision")
 
     sink_arr = slope_arr = None
+    heads = query.shape[1] if qnd == 4 else 1  # Hq (rank 3: one head)
     if sinks is not None:
         sink_arr = float32_vector(sinks, "sinks")
-        heads = query.shape[1] if qnd == 4 else 1
         if sink_arr.shape[0] != heads:
             raise py_error("SDPA_ERR_SHAPE", f"sinks has shape {sink_arr.shape}, expected "
                            f"({heads},) (one per query head)")
@@ -304,7 +304,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
             opt.sinks = address(sink_arr)
     if alibi_slopes is not None:
         slope_arr = float32_vector(alibi_slopes, "alibi_slopes", ndims=(1, 2))
-        heads = query.shape[1] if qnd == 4 else 1
         want = (heads,) if slope_arr.ndim == 1 else (batch, heads)
         if slope_arr.shape != want:
             raise py_error("SDPA_ERR_SHAPE", f"alibi_slopes has shape {slope_arr.shape}, "
