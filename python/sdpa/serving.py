@@ -9,7 +9,7 @@ import numpy as np
 from . import _lib
 from ._arrays import as_numpy
 from ._errors import py_error
-from ._views import address, int32, int64_vector, integer, real, tensor_view
+from ._views import address, int64_vector, integer, real, tensor_view
 
 __all__ = ["ThreadPool", "kv_write", "alibi_slopes", "request_amx", "amx_available"]
 
@@ -32,7 +32,10 @@ class ThreadPool:
 
     def __init__(self, num_threads):
         lib = _lib.get()
-        num_threads = int32(num_threads, "num_threads")  # the library checks 1..256
+        num_threads = integer(num_threads, "num_threads")
+        if not 1 <= num_threads <= 256:  # the library's range, said before a C int could wrap
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                           f"num_threads={num_threads} must be in [1, 256]")
         handle = ctypes.c_void_p()
         lib.check(lib.sdpa_threadpool_create(num_threads, ctypes.byref(handle)))
         self._lib = lib
