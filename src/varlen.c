@@ -342,8 +342,8 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
         }
         char msg[512];
         snprintf(msg, sizeof msg, "%s", sdpa_last_error_message());
-        st = sdpa__fail(bad_st, "%s [packed sequence r=%lld: b=0 is r, i counts from cu_seqlens_q[r]=%d, j from its first key]",
-                        msg, (long long)rr, (int)o->cu_seqlens_q[rr]);
+        st = sdpa__fail(bad_st, "%s [in packed sequence r=%lld: the b=0 above stands for this sequence, its i for packed query row cu_seqlens_q[%lld] + i = %d + i, its j for the sequence's key j]",
+                        msg, (long long)rr, (long long)rr, (int)o->cu_seqlens_q[rr]);
     }
     /* Each sequence's finish (decode's merge and writes), then the kernels that run whole. */
     for (int64_t r = 0; r < w.nseq && st == SDPA_OK; ++r) {

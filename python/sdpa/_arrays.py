@@ -155,7 +155,7 @@ def _from_dlpack(obj, name):
 
 def as_numpy(obj, name, writable=False):
     """A numpy array over the memory of `obj` (see the module docstring), never a copy.
-    Anything else raises TypeError naming what is accepted."""
+    Anything else raises SdpaDtypeError (a TypeError) naming what is accepted."""
     if isinstance(obj, np.ndarray):
         return obj
     if isinstance(obj, np.generic):  # a numpy scalar: rank 0, and np.asarray would copy it
@@ -170,7 +170,8 @@ def as_numpy(obj, name, writable=False):
         if array.size and array.__array_interface__["data"][0] != obj.__array_interface__["data"][0]:
             raise py_error("SDPA_ERR_INTERNAL", f"{name}: numpy copied the array interface")
         return array
-    raise TypeError(f"{name} must be an array ({ARRAY_TYPES_HINT}), got {type(obj).__name__}")
+    raise py_error("SDPA_ERR_DTYPE",
+                   f"{name} must be an array ({ARRAY_TYPES_HINT}), got {type(obj).__name__}")
 
 
 def new_array(shape, dtype, like):

@@ -154,45 +154,69 @@ def attach_view(opt, field, make_view, array, name):
 _INT64_MIN, _INT64_MAX = -2 ** 63, 2 ** 63 - 1
 
 
-def int64_vector(values, length, name):
-    """A contiguous int64 array of exactly `length` entries from a sequence of integers (these
-    small per-batch arrays are converted, not viewed). The library reads `length` entries, so
-    the count is checked here. The range is checked before the cast, so an out-of-range value
-    raises SdpaArgumentError without a numpy cast warning."""
-    array = np.asarray(values)
+def integer_array(values, name):
+    """A numpy array of integers from an integer array (numpy, torch tensor, __dlpack__ or
+    __array_interface__ object) or a (nested) Python sequence of ints: the one rule of both
+    integer-metadata converters (int64_vector, int32_table), as integer() is for scalars.
+    Bools, floats (even 3.0), bfloat16 and strings raise SdpaDtypeError; ragged sequences
+    SdpaShapeError. Python ints beyond int64 give an object array (the caller range-checks)."""
+    try:
+        array = as_numpy(values, name)  # numpy, torch, __dlpack__, __array_interface__: a view
+    except TypeError:
+        try:
+            array = np.asarray(values)   # a Python sequence
+        except (ValueError, TypeError) as e:  # ragged rows ("inhomogeneous shape")
+            raise py_error("SDPA_ERR_SHAPE", f"{name} is not a rectangular array of integers "
+                           f"(rows of different lengths?): {e}") from None
+        if array.size == 0 and array.dtype.kind == "f":
+            array = array.astype(np.int64)  # [] and [[]] are float64 to numpy: no values at all
     if array.dtype.kind == "O":
-        # Python ints beyond int64 (2**64, -2**63 - 1) make an object array.
         items = array.reshape(-1).tolist()
-        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-                   for x in items):
-            raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers, got {values!r}")
-        if array.ndim == 1 and array.shape[0] == length:
-            bad = [x for x in items if not _INT64_MIN <= int(x) <= _INT64_MAX]
-            if bad:
-                raise py_error("SDPA_ERR_INVALID_ARGUMENT",
-                               f"{name} does not fit in int64 ({name} holds {bad[0]})")
-            array = np.array([int(x) for x in items], dtype=np.int64)
-    elif array.dtype.kind not in "iub":
-        if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.round(array)):
-            pass
-        else:
-            raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers, got dtype {array.dtype}")
+        if all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+               for x in items):
+            return array
+        got = next(type(x).__name__ for x in items
+                   if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)))
+        raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers, got a {got}")
+    if array.dtype.kind in "iu" and not is_bf16(array.dtype):
+        return array
+    shown = "bfloat16" if is_bf16(array.dtype) else str(array.dtype)
+    raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers (int32 or int64), got dtype "
+                   f"{shown} (bools and floats, even integral ones, are not converted)")
+
+
+def _check_range(array, low, high, name, status, type_name):
+    """Raises `status` when an integer array holds a value outside [low, high] (checked before
+    a cast, so nothing wraps and numpy warns nothing)."""
+    if not array.size:
+        return
+    if array.dtype.kind == "O":
+        values = [int(x) for x in array.reshape(-1).tolist()]
+        lo, hi = min(values), max(values)
+    else:
+        lo, hi = int(array.min()), int(array.max())
+    if lo < low or hi > high:
+        bad = hi if hi > high else lo
+        raise py_error(status, f"{name} holds {bad}, which does not fit in {type_name}")
+
+
+def _as_integers(array, dtype):
+    if array.dtype.kind == "O":
+        return np.array([int(x) for x in array.reshape(-1).tolist()], dtype=dtype).reshape(array.shape)
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+def int64_vector(values, length, name, per="batch"):
+    """A contiguous int64 array of exactly `length` entries from integers (integer_array's rule;
+    these small per-batch arrays are converted, not viewed). The library reads `length`
+    entries, so the count is checked here ("one per {per}" in the message). The range is
+    checked before the cast: an out-of-range value raises SdpaArgumentError."""
+    array = integer_array(values, name)
     if array.ndim != 1 or array.shape[0] != length:
         raise py_error("SDPA_ERR_SHAPE",
-                       f"{name} has shape {array.shape}, expected ({length},) (one per batch)")
-    if array.size and array.dtype.kind in "uf":
-        # uint64 above 2**63 - 1 and floats beyond +-2**63 do not cast: check first (a float
-        # cast out of range would warn "invalid value encountered in cast").
-        hi, lo = array.max(), array.min()
-        if array.dtype.kind == "u":
-            out_of_range = int(hi) > _INT64_MAX
-        else:
-            out_of_range = not (-2.0 ** 63 <= float(lo) and float(hi) < 2.0 ** 63)
-        if out_of_range:
-            value = hi if array.dtype.kind == "u" or float(hi) >= 2.0 ** 63 else lo
-            raise py_error("SDPA_ERR_INVALID_ARGUMENT",
-                           f"{name} does not fit in int64 ({name} holds {value!r})")
-    return np.ascontiguousarray(array, dtype=np.int64)
+                       f"{name} has shape {array.shape}, expected ({length},) (one per {per})")
+    _check_range(array, _INT64_MIN, _INT64_MAX, name, "SDPA_ERR_INVALID_ARGUMENT", "int64")
+    return _as_integers(array, np.int64)
 
 
 def attach_vector(opt, field, values, length, name):
@@ -299,8 +323,9 @@ def float32_vector(values, name, ndims=(1,)):
                        f"np.asarray({name}, dtype=np.float32)")
     array = as_numpy(values, name)
     if array.dtype != F32:
+        shown = "bfloat16" if is_bf16(array.dtype) else array.dtype
         raise py_error("SDPA_ERR_DTYPE",
-                       f"{name}.dtype={array.dtype}, expected float32 (per-head parameters are "
+                       f"{name}.dtype={shown}, expected float32 (per-head parameters are "
                        f"never converted): pass np.asarray({name}, dtype=np.float32)")
     if array.ndim not in ndims:
         raise py_error("SDPA_ERR_RANK", f"{name}.ndim={array.ndim}, expected "
@@ -316,26 +341,28 @@ def int32_table(values, name, ndim):
     2: a block table). An int32 array whose last axis is contiguous (rows at a non-negative
     stride) is viewed, as engines keep these tables (vLLM and FlashAttention use int32
     tensors); other integer arrays and Python sequences are converted exactly, after a range
-    check (as key_lengths are). Floats, bools and other objects raise SdpaDtypeError."""
-    try:
-        array = as_numpy(values, name)  # numpy, torch, __dlpack__, __array_interface__: a view
-    except TypeError:
-        array = np.asarray(values)       # a Python sequence
+    check (integer_array's rule, as key_lengths). Every entry must fit in int32, reached by a
+    key or not."""
+    array = integer_array(values, name)
     if array.ndim != ndim:
         raise py_error("SDPA_ERR_RANK", f"{name}.ndim={array.ndim}, expected {ndim}")
-    if array.dtype.kind not in "iu":
-        raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers (int32), got dtype "
-                       f"{array.dtype}")
     if array.dtype == I32 and array.dtype.isnative:
         item = array.strides[-1] if array.shape[-1] > 1 else 4
         row = array.strides[0] if ndim == 2 and array.shape[0] > 1 else 4 * array.shape[-1]
         if item == 4 and row >= 0 and row % 4 == 0 and (row > 0 or array.shape[0] <= 1) and \
                 (array.size == 0 or address(array) % 4 == 0):
             return array, (row // 4 if ndim == 2 else 1)
-    if array.size:
-        lo, hi = int(array.min()), int(array.max())
-        if lo < _INT32_MIN or hi > _INT32_MAX:
-            bad = hi if hi > _INT32_MAX else lo
-            raise py_error("SDPA_ERR_INDEX", f"{name} holds {bad}, which does not fit in int32")
-    array = np.ascontiguousarray(array, dtype=I32)
+    _check_range(array, _INT32_MIN, _INT32_MAX, name, "SDPA_ERR_INDEX", "int32")
+    array = _as_integers(array, I32)
     return array, (array.shape[-1] if ndim == 2 else 1)
+
+
+_ONE_INT32 = np.zeros(1, dtype=I32)
+
+
+def table_address(array):
+    """Address of an index table or per-head vector for an options pointer field: never NULL,
+    even for an empty array (a torch or DLPack view of nothing may have address 0), because
+    NULL means "feature off" to the library: an empty block table must still select the paged
+    cache (and be rejected or serve an empty batch), not be dropped."""
+    return address(array) or address(_ONE_INT32)

@@ -7,9 +7,9 @@ from . import _lib
 from ._arrays import as_numpy, kind_of, new_array, wrap
 from ._errors import py_error
 from .serving import ThreadPool
-from ._views import (F32, address, attach_vector, attach_view, choice, float32_vector, int32,
-                     int32_table, int64, is_additive, mask_view, real, sdpa_dtype, tensor_view,
-                     uint64)
+from ._views import (F32, attach_vector, attach_view, choice, float32_vector, int32,
+                     int32_table, int64, is_additive, mask_view, real, sdpa_dtype, table_address,
+                     tensor_view, uint64)
 
 __all__ = ["scaled_dot_product_attention", "merge", "last_kernel", "ALIGNMENTS", "EMPTY_ROWS",
            "WEIGHTS_STAGES", "KERNELS", "PRECISIONS"]
@@ -134,34 +134,44 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     sinks: float32 [Hq] attention-sink logits (gpt-oss sinks, vLLM s_aux, ONNX Runtime
         head_sink): exp(sinks[h]) joins each row's softmax denominator (and lse) only.
     alibi_slopes: float32 [Hq] or [B, Hq] ([num_seqs, Hq] when packed): s_ij -= slope *
-        |p - j| with p the aligned position (FlashAttention's alibi_slopes with
-        causal="bottom_right"); alibi_slopes() gives the paper's slopes.
+        |p - j| with p the aligned position of query i (FlashAttention's alibi_slopes with
+        causal="bottom_right"). p follows `alignment`/`causal` even without the causal rule:
+        a decode call (L = 1 over S cached keys) needs causal="bottom_right" or
+        alignment="bottom_right", else p = i = 0 measures distances from the first key; a
+        packed batch is always bottom-right per sequence. alibi_slopes() gives the paper's
+        slopes.
         sinks and alibi_slopes must be C-contiguous float32 (never converted).
     block_table: paged K/V (vLLM block_tables, FlashAttention-2 block_table): key and value
         are block pools [num_blocks, Hkv, block_size, E] / [..., Ev] (vLLM's [num_blocks,
-        block_size, Hkv, E] cache is ``cache.transpose(0, 2, 1, 3)``), block_table an
-        integer [B, max_blocks] array (int32 with a contiguous last axis is viewed, other
-        integers converted exactly), key_lengths required; key j of sequence b is slot
+        block_size, Hkv, E] cache is ``cache.transpose(0, 2, 1, 3)``, in torch
+        ``cache.permute(0, 2, 1, 3)``), block_table an integer [B, max_blocks] array,
+        max_blocks >= 1 (int32 with a contiguous last axis is viewed; other integer arrays
+        and lists are converted exactly, every entry must fit in int32; bools and floats
+        raise SdpaDtypeError), key_lengths required; key j of sequence b is slot
         j % block_size of block block_table[b, j // block_size]. A bad entry a valid key
         reaches raises SdpaShapeError with status SDPA_ERR_INDEX before anything is written;
         slots past key_lengths[b] and unreferenced blocks are never read. weights have
         S = max_blocks * block_size.
     cu_seqlens_q, cu_seqlens_k: packed variable-length batch (FlashAttention
         flash_attn_varlen_func): integer [num_seqs + 1] arrays; sequence r owns query rows
-        [cu_seqlens_q[r], cu_seqlens_q[r+1]) of query [1, Hq, total_q, E] (FlashAttention's
-        [total_q, Hq, E] buffer is ``x.transpose(1, 0, 2)[None]``) and key rows
+        [cu_seqlens_q[r], cu_seqlens_q[r+1]) of query [1, Hq, total_q, E] (rank 4 only;
+        FlashAttention's [total_q, Hq, E] buffer is ``x.transpose(1, 0, 2)[None]``, in torch
+        ``x.transpose(0, 1)[None]``) and key rows
         [cu_seqlens_k[r], cu_seqlens_k[r+1]) of key/value [1, Hkv, total_k, E], or row r of
         block_table (then key_lengths[r]) for a paged cache. Causal and windows are
         bottom-right per sequence; key_lengths, query_offsets and [num_seqs, Hq] slopes are per
         sequence; attn_mask, bias, query_lengths and weights are not available.
     threadpool: a ThreadPool; the call runs on its threads and starts none of its own
-        (num_threads > 0 caps the threads used).
+        (num_threads > 0 caps the threads used). close() waits for this call to return.
+    Integer metadata (key_lengths, query_lengths, query_offsets, block_table, cu_seqlens_*):
+        integer arrays or lists of ints; bools and floats (even 3.0) raise SdpaDtypeError.
 
     Returns (numpy arrays, or torch tensors when query is a torch tensor): `out` alone when need_weights and need_lse are both false; otherwise a tuple
     ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)``: out first, then the requested
     extras in the order weights, lse.
 
-    Raises SdpaError subclasses: SdpaShapeError (shapes, broadcast, strides, overlap),
+    Raises SdpaError subclasses: SdpaShapeError (shapes, broadcast, strides, overlap, and
+        SDPA_ERR_INDEX: a bad block_table / cu_seqlens entry),
     SdpaDtypeError, SdpaArgumentError (options), SdpaValueError (empty rows, NaN/Inf),
     SdpaResourceError. On error nothing is written to `out`.
     """
@@ -257,17 +267,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
             raise py_error("SDPA_ERR_SHAPE", "cu_seqlens_q has no entries, expected num_seqs + 1 "
                            ">= 1 (starting at 0)")
         batch = opt.num_seqs = cu_q.shape[0] - 1
-        opt.cu_seqlens_q = address(cu_q)
+        opt.cu_seqlens_q = table_address(cu_q)
     if cu_seqlens_k is not None:
         cu_k, _ = int32_table(cu_seqlens_k, "cu_seqlens_k", 1)
         if cu_q is not None and cu_k.shape[0] != cu_q.shape[0]:
             raise py_error("SDPA_ERR_SHAPE", f"cu_seqlens_k has {cu_k.shape[0]} entries and "
                            f"cu_seqlens_q {cu_q.shape[0]}: both are num_seqs + 1")
-        if cu_k.size:
-            opt.cu_seqlens_k = address(cu_k)
+        opt.cu_seqlens_k = table_address(cu_k)  # never NULL: NULL means "not packed"
     if table is not None:
-        if table.size:
-            opt.block_table = address(table)
+        opt.block_table = table_address(table)  # an empty table still selects the paged cache
         opt.block_table_stride = table_stride
         opt.max_blocks_per_seq = table.shape[1]
         if table.shape[0] != batch:
@@ -300,8 +308,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
         if sink_arr.shape[0] != heads:
             raise py_error("SDPA_ERR_SHAPE", f"sinks has shape {sink_arr.shape}, expected "
                            f"({heads},) (one per query head)")
-        if sink_arr.size:
-            opt.sinks = address(sink_arr)
+        opt.sinks = table_address(sink_arr)
     if alibi_slopes is not None:
         slope_arr = float32_vector(alibi_slopes, "alibi_slopes", ndims=(1, 2))
         want = (heads,) if slope_arr.ndim == 1 else (batch, heads)
@@ -310,15 +317,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
                            f"expected {want} ([Hq], or [B, Hq] with one row per "
                            + ("packed sequence)" if cu_q is not None else "batch)"))
         opt.alibi_slopes_rank = slope_arr.ndim
-        if slope_arr.size:
-            opt.alibi_slopes = address(slope_arr)
+        opt.alibi_slopes = table_address(slope_arr)
     if threadpool is not None:
         if not isinstance(threadpool, ThreadPool):
             raise py_error("SDPA_ERR_INVALID_ARGUMENT",
                            f"threadpool must be a sdpa.ThreadPool, got {type(threadpool).__name__}")
-        opt.threadpool = threadpool.handle  # SdpaArgumentError once closed
-
-    status = lib.sdpa_attention(tq, tk, tv, opt, tout, tw, tl)
+        with threadpool.in_use() as handle:  # SdpaArgumentError once closed; close() waits
+            opt.threadpool = handle
+            status = lib.sdpa_attention(tq, tk, tv, opt, tout, tw, tl)
+    else:
+        status = lib.sdpa_attention(tq, tk, tv, opt, tout, tw, tl)
     lib.check(status)
     # The arrays the views point into were alive until here (locals of this frame).
     del mask_arr, bias_arr, kl, ql, qo, table, cu_q, cu_k, sink_arr, slope_arr, threadpool

@@ -2,14 +2,18 @@
 slopes (sdpa_alibi_slopes), caller-owned thread pools (sdpa_threadpool) and the AMX opt-in
 (sdpa_request_amx). Paged caches, packed batches, sinks and ALiBi themselves are arguments of
 scaled_dot_product_attention."""
+import contextlib
 import ctypes
+import threading
 
 import numpy as np
 
 from . import _lib
 from ._arrays import as_numpy
-from ._errors import py_error
+from ._errors import SdpaError, py_error
 from ._views import address, int64_vector, integer, real, tensor_view
+
+_FLT_MAX = float(np.finfo(np.float32).max)
 
 __all__ = ["ThreadPool", "kv_write", "alibi_slopes", "request_amx", "amx_available"]
 
@@ -26,11 +30,15 @@ class ThreadPool:
             out = sdpa.scaled_dot_product_attention(q, k, v, threadpool=pool)
 
     num_threads: 1..256 (1 = no worker: calls run on the calling thread), else
-    SdpaArgumentError. Several Python threads may share one pool (their calls take it one
-    after the other). The workers poll for SDPA_POOL_SPIN_US microseconds after each call
-    before they sleep (default 200; read when the pool is created; see sdpa.h)."""
+    SdpaArgumentError. Several Python threads may share one pool: the library runs their
+    calls one after the other. ``close()`` from any thread waits for the calls in progress on
+    the pool to return, then joins the workers; a call started after close() raises
+    SdpaArgumentError. A pool owns threads, so it cannot be copied or pickled (TypeError):
+    share the object itself. The workers poll for SDPA_POOL_SPIN_US microseconds after each
+    call before they sleep (default 200; read when the pool is created; see sdpa.h)."""
 
     def __init__(self, num_threads):
+        self._handle = None  # for __del__ if creation fails
         lib = _lib.get()
         num_threads = integer(num_threads, "num_threads")
         if not 1 <= num_threads <= 256:  # the library's range, said before a C int could wrap
@@ -39,27 +47,47 @@ class ThreadPool:
         handle = ctypes.c_void_p()
         lib.check(lib.sdpa_threadpool_create(num_threads, ctypes.byref(handle)))
         self._lib = lib
+        self._idle = threading.Condition()  # guards _handle and _calls
+        self._calls = 0                     # calls in progress on the pool
         self._handle = handle.value
 
     @property
     def num_threads(self):
         """Threads of a call: the workers plus the calling thread."""
-        return self._lib.sdpa_threadpool_size(self.handle)
+        with self.in_use() as handle:
+            return self._lib.sdpa_threadpool_size(handle)
 
-    @property
-    def handle(self):
-        """The sdpa_threadpool * (an int); SdpaArgumentError once the pool is closed."""
-        if self._handle is None:
-            raise py_error("SDPA_ERR_INVALID_ARGUMENT", "the ThreadPool is closed")
-        return self._handle
+    @contextlib.contextmanager
+    def in_use(self):
+        """The sdpa_threadpool * (an int) for the duration of a library call: close() waits
+        until every in_use() block has ended. SdpaArgumentError once the pool is closed."""
+        with self._idle:
+            if self._handle is None:
+                raise py_error("SDPA_ERR_INVALID_ARGUMENT", "the ThreadPool is closed")
+            self._calls += 1
+            handle = self._handle
+        try:
+            yield handle
+        finally:
+            with self._idle:
+                self._calls -= 1
+                if self._calls == 0:
+                    self._idle.notify_all()
 
     @property
     def closed(self):
         return self._handle is None
 
     def close(self):
-        """Stop and join the workers (idempotent). No call may be using the pool."""
-        handle, self._handle = self._handle, None
+        """Stop and join the workers (idempotent), after the calls in progress on the pool have
+        returned; later calls with the pool raise SdpaArgumentError."""
+        idle = getattr(self, "_idle", None)
+        if idle is None:  # __init__ failed before the pool existed
+            return
+        with idle:
+            handle, self._handle = self._handle, None  # no new call can start
+            while self._calls:
+                idle.wait()
         if handle is not None:
             self._lib.sdpa_threadpool_destroy(handle)
 
@@ -73,9 +101,18 @@ class ThreadPool:
         if getattr(self, "_handle", None) is not None:
             self.close()
 
+    def _not_copyable(self, *args):
+        raise TypeError("a sdpa.ThreadPool owns its worker threads and cannot be copied or "
+                        "pickled (two owners would destroy it twice): share the object itself")
+
+    __copy__ = __deepcopy__ = __reduce__ = __reduce_ex__ = __getstate__ = _not_copyable
+
     def __repr__(self):
-        state = "closed" if self.closed else f"{self.num_threads} threads"
-        return f"<sdpa.ThreadPool {state}>"
+        try:
+            with self.in_use() as handle:
+                return f"<sdpa.ThreadPool {self._lib.sdpa_threadpool_size(handle)} threads>"
+        except SdpaError:
+            return "<sdpa.ThreadPool closed>"
 
 
 def kv_write(key_cache, value_cache, key, value, slot_mapping):
@@ -84,7 +121,7 @@ def kv_write(key_cache, value_cache, key, value, slot_mapping):
 
     key_cache [num_blocks, Hkv, block_size, E], value_cache [num_blocks, Hkv, block_size, Ev]:
         writable arrays (any strides: vLLM's [num_blocks, block_size, Hkv, E] cache is
-        ``cache.transpose(0, 2, 1, 3)``; a dense [B, Hkv, S, E] cache is the pool with
+        ``cache.transpose(0, 2, 1, 3)``, torch ``cache.permute(0, 2, 1, 3)``; a dense [B, Hkv, S, E] cache is the pool with
         num_blocks = B, block_size = S); float32, float16 or bfloat16 (torch).
     key [T, Hkv, E], value [T, Hkv, Ev]: the new rows, any of those dtypes; converted to the
         cache dtype with round-to-nearest-even (exact when equal or wider).
@@ -104,7 +141,9 @@ def kv_write(key_cache, value_cache, key, value, slot_mapping):
         value_cache = as_numpy(value_cache, "value_cache", writable=True)
     tvc = tensor_view(value_cache, "value_cache", writable=True) if value_cache is not None else None
     tv = tensor_view(value, "value") if value is not None else None
-    slots = int64_vector(slot_mapping, key.shape[0], "slot_mapping")
+    if key.ndim != 3:  # the library names the rank; slot_mapping's length needs key's T
+        lib.check(lib.sdpa_kv_write(tkc, tvc, tk, tv, None))
+    slots = int64_vector(slot_mapping, key.shape[0], "slot_mapping", per="row of key (T)")
     status = lib.sdpa_kv_write(tkc, tvc, tk, tv, address(slots) if slots.size else None)
     lib.check(status)
     del slots
@@ -121,8 +160,12 @@ def alibi_slopes(num_heads, max_bias=8.0):
     num_heads = integer(num_heads, "num_heads")
     if not 1 <= num_heads < 2 ** 31:
         raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"num_heads={num_heads} must be >= 1")
+    max_bias = real(max_bias, "max_bias")
+    if abs(max_bias) > _FLT_MAX:  # the C argument is a float: say the value given, not inf
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"max_bias={max_bias!r} does not fit in a "
+                       f"float32 (the library's max_bias is float); expected > 0 and finite")
     out = np.empty(num_heads, dtype=np.float32)
-    lib.check(lib.sdpa_alibi_slopes(num_heads, real(max_bias, "max_bias"), address(out)))
+    lib.check(lib.sdpa_alibi_slopes(num_heads, max_bias, address(out)))
     return out
 
 

@@ -160,6 +160,36 @@ class Paged(unittest.TestCase):
         with self.assertRaises(sdpa.SdpaError) as cm:  # key_lengths are required
             sdpa.scaled_dot_product_attention(q, kp, vp, block_table=table)
         self.assertIn("key_lengths", cm.exception.message)
+        # integer metadata: one rule (bools, floats, strings rejected; ragged rows named)
+        cases = [
+            (dict(block_table=table, key_lengths=[True] * 3), "SDPA_ERR_DTYPE"),
+            (dict(block_table=table, key_lengths=np.asarray(lengths, np.float64)), "SDPA_ERR_DTYPE"),
+            (dict(block_table=table.astype(bool), key_lengths=lengths), "SDPA_ERR_DTYPE"),
+            (dict(block_table="abc", key_lengths=lengths), "SDPA_ERR_DTYPE"),
+            (dict(block_table=[[0, 1], [2]], key_lengths=lengths), "SDPA_ERR_SHAPE"),
+            # zero columns: the table is still seen (it was dropped, the pool read as dense)
+            (dict(block_table=np.zeros((3, 0), np.int32), key_lengths=[0, 0, 0]),
+             "SDPA_ERR_INVALID_ARGUMENT"),
+        ]
+        out = np.full(q.shape[:-1] + (vp.shape[-1],), 7.0, np.float32)
+        expect_errors(self, q, kp, vp, out, cases)
+
+    def test_empty_batches(self):
+        """B = 0 paged and num_seqs = 0 packed calls are valid and give empty outputs."""
+        kp = np.full((6, 1, 4, 8), np.nan, np.float32)
+        q0 = np.zeros((0, 2, 1, 8), np.float32)
+        o = sdpa.scaled_dot_product_attention(q0, kp, kp, block_table=np.zeros((0, 3), np.int32),
+                                              key_lengths=[])
+        self.assertEqual(o.shape, (0, 2, 1, 8))
+        qp = np.zeros((1, 2, 0, 8), np.float32)
+        o = sdpa.scaled_dot_product_attention(qp, kp, kp, cu_seqlens_q=[0], key_lengths=[],
+                                              block_table=np.zeros((0, 3), np.int32))
+        self.assertEqual(o.shape, (1, 2, 0, 8))
+        kd = np.zeros((1, 1, 0, 8), np.float32)
+        o = sdpa.scaled_dot_product_attention(qp, kd, kd, cu_seqlens_q=[0], cu_seqlens_k=[0])
+        self.assertEqual(o.shape, (1, 2, 0, 8))
+        with self.assertRaises(sdpa.SdpaArgumentError):  # cu_seqlens_k alone is seen, even empty
+            sdpa.scaled_dot_product_attention(qp, kd, kd, cu_seqlens_k=[])
 
 
 class Packed(unittest.TestCase):
@@ -301,8 +331,15 @@ class SinksAndAlibi(unittest.TestCase):
             (dict(alibi_slopes=np.array([1, 1, np.inf, 1], np.float32)), "SDPA_ERR_NON_FINITE"),
             (dict(precision="bf16"), "SDPA_ERR_INVALID_ARGUMENT"),
             (dict(threadpool=object()), "SDPA_ERR_INVALID_ARGUMENT"),
+            (dict(sinks="0000"), "SDPA_ERR_DTYPE"),
         ]
         expect_errors(self, q, k, v, out, cases)
+        with self.assertRaises(sdpa.SdpaArgumentError) as cm:  # the value given, not inf
+            sdpa.alibi_slopes(2, 1e39)
+        self.assertIn("1e+39", cm.exception.message)
+        with self.assertRaises(sdpa.SdpaDtypeError) as cm:
+            sdpa.scaled_dot_product_attention("q", k, v)
+        self.assertIn("query must be an array", cm.exception.message)
 
 
 class PrecisionAndPools(unittest.TestCase):
@@ -338,6 +375,43 @@ class PrecisionAndPools(unittest.TestCase):
                 sdpa.ThreadPool(bad)
         with self.assertRaises(sdpa.SdpaDtypeError):
             sdpa.ThreadPool(2.0)
+        import copy
+        import pickle
+        with sdpa.ThreadPool(2) as pool:  # two owners would destroy it twice
+            for dup in (copy.copy, copy.deepcopy, pickle.dumps):
+                with self.assertRaises(TypeError, msg=dup.__name__):
+                    dup(pool)
+            self.assertIn("2 threads", repr(pool))
+        self.assertIn("closed", repr(pool))
+
+    def test_threadpool_close_waits_for_calls(self):
+        """close() from another thread while calls run on the pool: it waits for them (it
+        deadlocked, destroying the pool under a running call); later calls raise."""
+        import threading
+        g = ref.rng(42)
+        q, k, v = randn(g, 1, 8, 64, 64), randn(g, 1, 8, 512, 64), randn(g, 1, 8, 512, 64)
+        want = sdpa.scaled_dot_product_attention(q, k, v, num_threads=1)
+        for it in range(8):
+            pool = sdpa.ThreadPool(2)
+            started, results = threading.Event(), []
+
+            def user():
+                started.set()
+                try:
+                    results.append(sdpa.scaled_dot_product_attention(q, k, v, threadpool=pool))
+                except sdpa.SdpaArgumentError as e:  # the pool closed first
+                    results.append(e)
+            t = threading.Thread(target=user)
+            t.start()
+            started.wait()
+            pool.close()
+            t.join(60)
+            self.assertFalse(t.is_alive(), f"iteration {it}: the call never returned")
+            self.assertEqual(len(results), 1)
+            if isinstance(results[0], np.ndarray):
+                self.assertTrue(np.array_equal(results[0], want))
+            else:
+                self.assertIn("closed", results[0].message)
 
     def test_amx_opt_in_answers(self):
         granted = sdpa.request_amx()
@@ -383,8 +457,16 @@ class KvWrite(unittest.TestCase):
             sdpa.kv_write(cache.transpose(0, 2, 1, 3), None, rows, None, [1, nb * bs])
         self.assertEqual(cm.exception.name, "SDPA_ERR_INDEX")
         np.testing.assert_array_equal(cache, before)  # nothing written, not even row 0
-        with self.assertRaises(sdpa.SdpaShapeError):
+        with self.assertRaises(sdpa.SdpaShapeError) as cm:
             sdpa.kv_write(cache.transpose(0, 2, 1, 3), None, rows, None, [1])  # one per row
+        self.assertIn("one per row of key", cm.exception.message)
+        with self.assertRaises(sdpa.SdpaShapeError) as cm:  # key's rank first, then the slots
+            sdpa.kv_write(cache.transpose(0, 2, 1, 3), None, rows[0], None, [1])
+        self.assertEqual(cm.exception.name, "SDPA_ERR_RANK")
+        for bad in ([True, False], [1.0, 2.0]):
+            with self.assertRaises(sdpa.SdpaDtypeError):
+                sdpa.kv_write(cache.transpose(0, 2, 1, 3), None, rows, None, bad)
+        np.testing.assert_array_equal(cache, before)
         ro = cache.transpose(0, 2, 1, 3)
         ro.flags.writeable = False
         with self.assertRaises(sdpa.SdpaArgumentError):
