@@ -1312,7 +1312,7 @@ static void bench_case(const shape *s, const dtype_combo *dt, const config *cfg)
  *       bw-floor-decode     a sequential read of the decode rows' K and V bytes
  *   sinkalibi-BxHxLxSxE   (f32, alignment bottom-right, slopes sdpa_alibi_slopes(H, 8))
  *       plain, sinks, alibi, sinks+alibi   the same call with and without them
- *   pool-BxHxLxSxE        (f32 decode)
+ *   pool-BxHxLxSxE        (decode: f32; (1,32,1,4096,128) also f16 / bf16 K/V)
  *       builtin      the library's per-call threads (num_threads = the row's count)
  *       threadpool   a caller sdpa_threadpool of the row's thread count, created before timing
  *                    (after the cache flush its workers have stopped polling and sleep)
@@ -1346,6 +1346,9 @@ static const sv_spec sv_full_specs[] = {
     {SV_SINKALIBI, 1, 32, 32, 1, 4096, 128, 0, 0, F32_ONLY},
     {SV_POOL, 1, 32, 32, 1, 256, 128, 0, 0, F32_ONLY},
     {SV_POOL, 1, 8, 8, 128, 128, 64, 0, 0, F32_ONLY}, /* the small prefill of the issue-9 scaling row */
+    /* The issue-9 decode shape on a pool: how much of the decode rows' distance to their floor
+     * (f16/bf16 K/V: 0.87-0.89) is the per-call thread start-up rather than the stream. */
+    {SV_POOL, 1, 32, 32, 1, 4096, 128, 0, 0, DT_DECODE},
 };
 
 static const sv_spec sv_smoke_specs[] = {

@@ -457,6 +457,24 @@ def targets_issue10(bench_rows, n2=2):
             f"float32 matrix (at least {ALIBI_RSS_MIN_BOUND // 1024} KiB); a materialised B*H*L*S bias is "
             f"{materialised / 1048576:.2f} MiB", verdict=prob)
 
+    # The same decode shape on a caller pool (no thread started per call): how much of a decode
+    # row's distance to its floor is the per-call thread start-up, not the stream (info only).
+    for s in shapes:
+        if s["kind"] != "pool" or (s["B"], s["H"], s["L"], s["S"], s["E"]) != (1, 32, 1, 4096, 128):
+            continue
+        name = s["name"]
+        for dt in ("f32", "f16kv", "bf16kv"):
+            if R.get(name, "threadpool-warm", dt) is None:
+                continue
+            bw = R.ms(name, "bw-floor", dt)
+            for var in ("threadpool", "threadpool-warm"):
+                t = R.ms(name, var, dt)
+                prob = row_problem(name, var, dt)
+                add(f"decode {name} {dt} on a caller pool ({var}): bw-floor time / time ({n2}t)",
+                    bw / t if bw and t else None, "", "",
+                    f"{desc(name, var, dt)}; floor {fmt(bw, '.3f')} ms; builtin {fmt(R.ms(name, 'builtin', dt), '.3f')} ms",
+                    verdict=prob or "info")
+
     # --- a caller thread pool on a small decode call vs its bandwidth floor
     pools = [s for s in shapes if s["kind"] == "pool" and (s["B"], s["H"], s["L"], s["S"], s["E"]) ==
              (1, 32, 1, 256, 128)]
