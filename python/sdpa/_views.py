@@ -154,30 +154,45 @@ def attach_view(opt, field, make_view, array, name):
 _INT64_MIN, _INT64_MAX = -2 ** 63, 2 ** 63 - 1
 
 
+def _is_int(x):
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
 def integer_array(values, name):
     """A numpy array of integers from an integer array (numpy, torch tensor, __dlpack__ or
     __array_interface__ object) or a (nested) Python sequence of ints: the one rule of both
     integer-metadata converters (int64_vector, int32_table), as integer() is for scalars.
-    Bools, floats (even 3.0), bfloat16 and strings raise SdpaDtypeError; ragged sequences
-    SdpaShapeError. Python ints beyond int64 give an object array (the caller range-checks)."""
+    Bools (also inside a list: numpy would read [True, 2] as [1, 2]), floats (even 3.0),
+    bfloat16 and strings raise SdpaDtypeError; ragged sequences SdpaShapeError. A Python
+    sequence gives an object array of its ints (numpy would turn [0, 2**63] into floats): the
+    callers range-check before converting."""
     try:
         array = as_numpy(values, name)  # numpy, torch, __dlpack__, __array_interface__: a view
     except TypeError:
+        array = None
+    if array is None:                    # a Python sequence (or scalar): look at every item
         try:
-            array = np.asarray(values)   # a Python sequence
-        except (ValueError, TypeError) as e:  # ragged rows ("inhomogeneous shape")
+            array = np.asarray(values, dtype=object)
+            items = array.reshape(-1).tolist()
+        except (ValueError, TypeError) as e:
             raise py_error("SDPA_ERR_SHAPE", f"{name} is not a rectangular array of integers "
                            f"(rows of different lengths?): {e}") from None
-        if array.size == 0 and array.dtype.kind == "f":
-            array = array.astype(np.int64)  # [] and [[]] are float64 to numpy: no values at all
+        if any(isinstance(x, (list, tuple, np.ndarray)) for x in items):
+            raise py_error("SDPA_ERR_SHAPE", f"{name} is not a rectangular array of integers "
+                           f"(rows of different lengths)")
+        bad = [x for x in items if not _is_int(x)][:1]
+        if bad:
+            bad = bad[0]
+            raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers, got {bad!r} "
+                           f"({type(bad).__name__}; bools and floats, even integral ones, are "
+                           f"not converted)")
+        return array
     if array.dtype.kind == "O":
         items = array.reshape(-1).tolist()
-        if all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-               for x in items):
+        bad = [x for x in items if not _is_int(x)][:1]
+        if not bad:
             return array
-        got = next(type(x).__name__ for x in items
-                   if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)))
-        raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers, got a {got}")
+        raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers, got a {type(bad[0]).__name__}")
     if array.dtype.kind in "iu" and not is_bf16(array.dtype):
         return array
     shown = "bfloat16" if is_bf16(array.dtype) else str(array.dtype)
@@ -219,13 +234,13 @@ def int64_vector(values, length, name, per="batch"):
     return _as_integers(array, np.int64)
 
 
-def attach_vector(opt, field, values, length, name):
+def attach_vector(opt, field, values, length, name, per="batch"):
     """Sets the pointer field `field` of the options struct `opt` to int64_vector(values,
     length, name) and returns that array, which the caller keeps alive for the library call;
     leaves the field alone and returns None when values is None."""
     if values is None:
         return None
-    array = int64_vector(values, length, name)
+    array = int64_vector(values, length, name, per)
     setattr(opt, field, address(array))
     return array
 
@@ -311,7 +326,7 @@ I32 = np.dtype(np.int32)
 _INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1
 
 
-def float32_vector(values, name, ndims=(1,)):
+def float32_vector(values, name, ndims=(1,), origin="numpy"):
     """A C-contiguous float32 numpy view of a per-head parameter array (sinks, ALiBi slopes:
     numpy array, torch tensor or other array of rank in `ndims`), never converted: a float32
     value is passed as is, and another dtype raises SdpaDtypeError (rounding a float64 slope
@@ -322,17 +337,20 @@ def float32_vector(values, name, ndims=(1,)):
                        f"{name} must be a float32 array, got a {type(values).__name__}: pass "
                        f"np.asarray({name}, dtype=np.float32)")
     array = as_numpy(values, name)
+    torch = origin == "torch"
     if array.dtype != F32:
         shown = "bfloat16" if is_bf16(array.dtype) else array.dtype
+        hint = f"{name}.float()" if torch else f"np.asarray({name}, dtype=np.float32)"
         raise py_error("SDPA_ERR_DTYPE",
                        f"{name}.dtype={shown}, expected float32 (per-head parameters are "
-                       f"never converted): pass np.asarray({name}, dtype=np.float32)")
+                       f"never converted): pass {hint}")
     if array.ndim not in ndims:
         raise py_error("SDPA_ERR_RANK", f"{name}.ndim={array.ndim}, expected "
                        + " or ".join(str(n) for n in ndims))
     if not array.flags.c_contiguous or (array.size and address(array) % 4):
+        hint = f"{name}.contiguous()" if torch else f"np.ascontiguousarray({name})"
         raise py_error("SDPA_ERR_STRIDE", f"{name} must be C-contiguous (the library reads it "
-                       f"as a flat float32 vector): pass np.ascontiguousarray({name})")
+                       f"as a flat float32 vector): pass {hint}")
     return array
 
 

@@ -52,6 +52,11 @@ def _causal_and_alignment(causal, alignment, query_offsets):
     align = implied if implied is not None else explicit
     if align is None:
         align = ALIGNMENTS["offsets"] if query_offsets is not None else ALIGNMENTS["top_left"]
+    if query_offsets is not None and align != ALIGNMENTS["offsets"]:
+        named = f"causal={causal!r}" if implied is not None else f"alignment={alignment!r}"
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                       f"query_offsets are used only with alignment='offsets' (which they imply), "
+                       f"but {named} selects another alignment: drop one of them")
     return flag, align
 
 
@@ -121,7 +126,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     need_weights / need_lse: also return weights [B, Hq, L, S] (per weights_stage:
         "probabilities", "scores", "softcapped", "masked") / lse [B, Hq, L] (natural log).
     alignment: "top_left" / "bottom_right" / "offsets" for the causal and window rules when
-        `causal` does not name it; query_offsets ([B] ints) implies "offsets".
+        `causal` does not name it; query_offsets ([B] ints) implies "offsets" (and another
+        alignment named with them raises SdpaArgumentError instead of ignoring them).
     check_finite: False skips the library's NaN/Inf scan of the inputs.
     kernel: "auto", "reference", "tiled" or "decode"; num_threads: 0 = online CPUs.
     out: optional array [B, Hq, L, Ev] (any positive strides; numpy, torch tensor, ...) to
@@ -138,8 +144,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
         causal="bottom_right"). p follows `alignment`/`causal` even without the causal rule:
         a decode call (L = 1 over S cached keys) needs causal="bottom_right" or
         alignment="bottom_right", else p = i = 0 measures distances from the first key; a
-        packed batch is always bottom-right per sequence. alibi_slopes() gives the paper's
-        slopes.
+        packed batch is bottom-right per sequence (or i + query_offsets[r] with
+        query_offsets). Any finite float32 slopes (negative ones too); alibi_slopes() gives
+        the paper's.
         sinks and alibi_slopes must be C-contiguous float32 (never converted).
     block_table: paged K/V (vLLM block_tables, FlashAttention-2 block_table): key and value
         are block pools [num_blocks, Hkv, block_size, E] / [..., Ev] (vLLM's [num_blocks,
@@ -166,7 +173,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     Integer metadata (key_lengths, query_lengths, query_offsets, block_table, cu_seqlens_*):
         integer arrays or lists of ints; bools and floats (even 3.0) raise SdpaDtypeError.
 
-    Returns (numpy arrays, or torch tensors when query is a torch tensor): `out` alone when need_weights and need_lse are both false; otherwise a tuple
+    Returns (numpy arrays, or torch tensors when query is a torch tensor; with out= given,
+    weights and lse follow out's type): `out` alone when need_weights and need_lse are both false; otherwise a tuple
     ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)``: out first, then the requested
     extras in the order weights, lse.
 
@@ -282,9 +290,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
             what = "num_seqs (cu_seqlens_q)" if cu_q is not None else "the query's batch"
             raise py_error("SDPA_ERR_SHAPE", f"block_table has {table.shape[0]} rows, expected "
                            f"{batch} ({what})")
-    kl = attach_vector(opt, "key_lengths", key_lengths, batch, "key_lengths")
-    ql = attach_vector(opt, "query_lengths", query_lengths, batch, "query_lengths")
-    qo = attach_vector(opt, "query_offsets", query_offsets, batch, "query_offsets")
+    per = "packed sequence of cu_seqlens_q" if cu_q is not None else "batch"
+    kl = attach_vector(opt, "key_lengths", key_lengths, batch, "key_lengths", per)
+    ql = attach_vector(opt, "query_lengths", query_lengths, batch, "query_lengths", per)
+    qo = attach_vector(opt, "query_offsets", query_offsets, batch, "query_offsets", per)
 
     win = _window(window)
     if win is not None:
@@ -304,13 +313,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     sink_arr = slope_arr = None
     heads = query.shape[1] if qnd == 4 else 1  # Hq (rank 3: one head)
     if sinks is not None:
-        sink_arr = float32_vector(sinks, "sinks")
+        sink_arr = float32_vector(sinks, "sinks", origin=kind_of(sinks))
         if sink_arr.shape[0] != heads:
             raise py_error("SDPA_ERR_SHAPE", f"sinks has shape {sink_arr.shape}, expected "
                            f"({heads},) (one per query head)")
         opt.sinks = table_address(sink_arr)
     if alibi_slopes is not None:
-        slope_arr = float32_vector(alibi_slopes, "alibi_slopes", ndims=(1, 2))
+        slope_arr = float32_vector(alibi_slopes, "alibi_slopes", ndims=(1, 2), origin=kind_of(alibi_slopes))
         want = (heads,) if slope_arr.ndim == 1 else (batch, heads)
         if slope_arr.shape != want:
             raise py_error("SDPA_ERR_SHAPE", f"alibi_slopes has shape {slope_arr.shape}, "

@@ -10,12 +10,17 @@ import numpy as np
 
 from . import _lib
 from ._arrays import as_numpy
-from ._errors import SdpaError, py_error
+from ._errors import STATUS_CODES, SdpaArgumentError, SdpaError, py_error
 from ._views import address, int64_vector, integer, real, tensor_view
 
 _FLT_MAX = float(np.finfo(np.float32).max)
 
 __all__ = ["ThreadPool", "kv_write", "alibi_slopes", "request_amx", "amx_available"]
+
+
+class _NotCopyable(SdpaArgumentError, TypeError):
+    """copy/pickle of a ThreadPool: an SdpaArgumentError (status SDPA_ERR_UNSUPPORTED) that is
+    also the TypeError the copy and pickle protocols use for objects they cannot copy."""
 
 
 class ThreadPool:
@@ -33,12 +38,16 @@ class ThreadPool:
     SdpaArgumentError. Several Python threads may share one pool: the library runs their
     calls one after the other. ``close()`` from any thread waits for the calls in progress on
     the pool to return, then joins the workers; a call started after close() raises
-    SdpaArgumentError. A pool owns threads, so it cannot be copied or pickled (TypeError):
-    share the object itself. The workers poll for SDPA_POOL_SPIN_US microseconds after each
-    call before they sleep (default 200; read when the pool is created; see sdpa.h)."""
+    SdpaArgumentError. A pool owns threads, so it cannot be copied or pickled
+    (SdpaArgumentError, status SDPA_ERR_UNSUPPORTED, also a TypeError): share the object
+    itself. The workers poll for SDPA_POOL_SPIN_US microseconds after each call before they
+    sleep (default 200; read when the pool is created; see sdpa.h)."""
+
+    _handle = None  # class defaults: a pool whose __init__ failed or never ran is closed
+    _idle = None
+    _calls = 0
 
     def __init__(self, num_threads):
-        self._handle = None  # for __del__ if creation fails
         lib = _lib.get()
         num_threads = integer(num_threads, "num_threads")
         if not 1 <= num_threads <= 256:  # the library's range, said before a C int could wrap
@@ -61,6 +70,8 @@ class ThreadPool:
     def in_use(self):
         """The sdpa_threadpool * (an int) for the duration of a library call: close() waits
         until every in_use() block has ended. SdpaArgumentError once the pool is closed."""
+        if self._idle is None:  # ThreadPool.__new__ without __init__, or __init__ failed
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT", "the ThreadPool was never opened")
         with self._idle:
             if self._handle is None:
                 raise py_error("SDPA_ERR_INVALID_ARGUMENT", "the ThreadPool is closed")
@@ -81,8 +92,8 @@ class ThreadPool:
     def close(self):
         """Stop and join the workers (idempotent), after the calls in progress on the pool have
         returned; later calls with the pool raise SdpaArgumentError."""
-        idle = getattr(self, "_idle", None)
-        if idle is None:  # __init__ failed before the pool existed
+        idle = self._idle
+        if idle is None:  # __init__ failed or never ran: there is no pool
             return
         with idle:
             handle, self._handle = self._handle, None  # no new call can start
@@ -98,12 +109,13 @@ class ThreadPool:
         self.close()
 
     def __del__(self):
-        if getattr(self, "_handle", None) is not None:
+        if self._handle is not None:
             self.close()
 
     def _not_copyable(self, *args):
-        raise TypeError("a sdpa.ThreadPool owns its worker threads and cannot be copied or "
-                        "pickled (two owners would destroy it twice): share the object itself")
+        raise _NotCopyable(STATUS_CODES["SDPA_ERR_UNSUPPORTED"], "SDPA_ERR_UNSUPPORTED",
+                           "a sdpa.ThreadPool owns its worker threads and cannot be copied or "
+                           "pickled (two owners would destroy it twice): share the object itself")
 
     __copy__ = __deepcopy__ = __reduce__ = __reduce_ex__ = __getstate__ = _not_copyable
 
@@ -154,16 +166,21 @@ def alibi_slopes(num_heads, max_bias=8.0):
     same rule as Hugging Face's get_alibi_slopes and llama.cpp; non-power-of-two H takes the
     first H - n odd-numbered slopes of the 2n-head sequence, n the largest power of two <= H):
     a new float32 array [num_heads], to pass as ``alibi_slopes=``. max_bias = 8 (the paper's)
-    gives 1/2, 1/4, ..., 1/256 for 8 heads. num_heads >= 1, max_bias > 0 and finite, else
-    SdpaArgumentError."""
+    gives 1/2, 1/4, ..., 1/256 for 8 heads. 1 <= num_heads < 2**31, max_bias > 0 and finite
+    as a float32, else SdpaArgumentError. (alibi_slopes= takes any finite float32 slopes,
+    negative ones too: those reward distance instead of penalising it.)"""
     lib = _lib.get()
     num_heads = integer(num_heads, "num_heads")
     if not 1 <= num_heads < 2 ** 31:
-        raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"num_heads={num_heads} must be >= 1")
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                       f"num_heads={num_heads} must be in [1, 2**31)")
     max_bias = real(max_bias, "max_bias")
-    if abs(max_bias) > _FLT_MAX:  # the C argument is a float: say the value given, not inf
-        raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"max_bias={max_bias!r} does not fit in a "
-                       f"float32 (the library's max_bias is float); expected > 0 and finite")
+    # The C argument is a float: say the value given, not the inf or 0 it would round to.
+    if abs(max_bias) > _FLT_MAX or (max_bias != 0.0 and np.float32(max_bias) == 0.0):
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"max_bias={max_bias!r} is not representable "
+                       f"as a float32 (the library's max_bias is float: it would be "
+                       f"{float(np.float32(max_bias)) if abs(max_bias) <= _FLT_MAX else 'inf'}); "
+                       f"expected > 0 and finite")
     out = np.empty(num_heads, dtype=np.float32)
     lib.check(lib.sdpa_alibi_slopes(num_heads, max_bias, address(out)))
     return out

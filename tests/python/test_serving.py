@@ -167,6 +167,12 @@ class Paged(unittest.TestCase):
             (dict(block_table=table.astype(bool), key_lengths=lengths), "SDPA_ERR_DTYPE"),
             (dict(block_table="abc", key_lengths=lengths), "SDPA_ERR_DTYPE"),
             (dict(block_table=[[0, 1], [2]], key_lengths=lengths), "SDPA_ERR_SHAPE"),
+            # bools inside lists (numpy reads [True, 2] as [1, 2]); Python ints beyond int64 in a
+            # list (numpy makes them float64) are a range error, not a dtype error
+            (dict(block_table=table, key_lengths=[True, 4, 4]), "SDPA_ERR_DTYPE"),
+            (dict(block_table=[[0, True, 2, 3, 4]] * 3, key_lengths=lengths), "SDPA_ERR_DTYPE"),
+            (dict(block_table=[[0, 2 ** 63, 2, 3, 4]] * 3, key_lengths=lengths), "SDPA_ERR_INDEX"),
+            (dict(block_table=table, key_lengths=[1, 2 ** 63, 1]), "SDPA_ERR_INVALID_ARGUMENT"),
             # zero columns: the table is still seen (it was dropped, the pool read as dense)
             (dict(block_table=np.zeros((3, 0), np.int32), key_lengths=[0, 0, 0]),
              "SDPA_ERR_INVALID_ARGUMENT"),
@@ -257,6 +263,15 @@ class Packed(unittest.TestCase):
             (dict(cu_seqlens_q=[0, 4], cu_seqlens_k=[0, 6], key_lengths=[6, 6]), "SDPA_ERR_SHAPE"),
         ]
         expect_errors(self, q, k, v, out, cases)
+        with self.assertRaises(sdpa.SdpaShapeError) as cm:  # named per packed sequence
+            sdpa.scaled_dot_product_attention(q, k, v, cu_seqlens_q=[0, 4], cu_seqlens_k=[0, 6],
+                                              key_lengths=[6, 6])
+        self.assertIn("one per packed sequence", cm.exception.message)
+        # query_offsets with another alignment named: an error, not silently ignored
+        for kw in (dict(causal="bottom_right"), dict(causal=True, alignment="top_left")):
+            with self.assertRaises(sdpa.SdpaArgumentError, msg=str(kw)) as cm:
+                sdpa.scaled_dot_product_attention(q, k, v, query_offsets=[2], out=out, **kw)
+            self.assertIn("query_offsets", cm.exception.message)
 
 
 class SinksAndAlibi(unittest.TestCase):
@@ -334,9 +349,13 @@ class SinksAndAlibi(unittest.TestCase):
             (dict(sinks="0000"), "SDPA_ERR_DTYPE"),
         ]
         expect_errors(self, q, k, v, out, cases)
-        with self.assertRaises(sdpa.SdpaArgumentError) as cm:  # the value given, not inf
-            sdpa.alibi_slopes(2, 1e39)
-        self.assertIn("1e+39", cm.exception.message)
+        for bad, shown in ((1e39, "1e+39"), (1e-300, "1e-300")):  # the value given, not inf / 0
+            with self.assertRaises(sdpa.SdpaArgumentError) as cm:
+                sdpa.alibi_slopes(2, bad)
+            self.assertIn(shown, cm.exception.message)
+        with self.assertRaises(sdpa.SdpaArgumentError) as cm:
+            sdpa.alibi_slopes(2 ** 31)
+        self.assertIn("[1, 2**31)", cm.exception.message)
         with self.assertRaises(sdpa.SdpaDtypeError) as cm:
             sdpa.scaled_dot_product_attention("q", k, v)
         self.assertIn("query must be an array", cm.exception.message)
@@ -379,10 +398,16 @@ class PrecisionAndPools(unittest.TestCase):
         import pickle
         with sdpa.ThreadPool(2) as pool:  # two owners would destroy it twice
             for dup in (copy.copy, copy.deepcopy, pickle.dumps):
-                with self.assertRaises(TypeError, msg=dup.__name__):
+                with self.assertRaises(sdpa.SdpaArgumentError, msg=dup.__name__) as cm:
                     dup(pool)
+                self.assertIsInstance(cm.exception, TypeError)  # the protocols' convention
+                self.assertEqual(cm.exception.name, "SDPA_ERR_UNSUPPORTED")
             self.assertIn("2 threads", repr(pool))
         self.assertIn("closed", repr(pool))
+        never = sdpa.ThreadPool.__new__(sdpa.ThreadPool)  # __init__ never ran: no pool
+        with self.assertRaises(sdpa.SdpaArgumentError):
+            sdpa.scaled_dot_product_attention(q, k, v, threadpool=never)
+        never.close()
 
     def test_threadpool_close_waits_for_calls(self):
         """close() from another thread while calls run on the pool: it waits for them (it
@@ -463,7 +488,7 @@ class KvWrite(unittest.TestCase):
         with self.assertRaises(sdpa.SdpaShapeError) as cm:  # key's rank first, then the slots
             sdpa.kv_write(cache.transpose(0, 2, 1, 3), None, rows[0], None, [1])
         self.assertEqual(cm.exception.name, "SDPA_ERR_RANK")
-        for bad in ([True, False], [1.0, 2.0]):
+        for bad in ([True, False], [1.0, 2.0], [True, 2]):
             with self.assertRaises(sdpa.SdpaDtypeError):
                 sdpa.kv_write(cache.transpose(0, 2, 1, 3), None, rows, None, bad)
         np.testing.assert_array_equal(cache, before)
