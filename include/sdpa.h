@@ -95,7 +95,7 @@ typedef enum sdpa_status {
     SDPA_ERR_STRIDE = 23,            /**< negative output stride, output overlapping itself, stride 0 on an output */
     SDPA_ERR_OVERLAP = 24,           /**< an output overlaps an input or another output */
     SDPA_ERR_SIZE_OVERFLOW = 25,     /**< a shape/stride product overflows int64_t or size_t */
-    SDPA_ERR_EMPTY_DIMENSION = 26,   /**< a dimension that must be >= 1 is 0 (the head width E) */
+    SDPA_ERR_EMPTY_DIMENSION = 26,   /**< a dimension that must be >= 1 is 0 (the head width E, a block pool's block_size) */
     SDPA_ERR_INDEX = 27,             /**< (0.5) an index read from caller memory is out of range: a block_table entry, a cu_seqlens entry, a kv-write slot */
 
     /* 30-39: data type */
@@ -139,7 +139,7 @@ SDPA_API const char *sdpa_last_error_message(void);
  *         with a reduced q; "-mixed" when K and V differ), e.g. "decode-avx2-f16",
  *         "reference-bf16". Float32 q, k and v keep the suffix-less 0.3 names. "none" when
  *         the call had no query row. A packed batch (cu_seqlens_q) names the kernel of its
- *         last sequence (its sequences may run on different kernels).
+ *         last sequence that has query rows (its sequences may run on different kernels).
  */
 SDPA_API const char *sdpa_last_kernel(void);
 
@@ -461,7 +461,9 @@ typedef struct sdpa_options {
      *    r    = word (j % 4) of Philox4x32-10(counter {j / 4, i, h, b}, key') (Random123)
      *    kept iff r >= floor(p * 2^32)
      *  with b and h taken modulo 2^32. p = 0 is bit-identical to no dropout. Use a new offset (or
-     *  seed) for each call that needs fresh randomness. */
+     *  seed) for each call that needs fresh randomness. In a packed batch (cu_seqlens_q, 0.5) b is
+     *  the sequence r and i, j count within it: the masks of the padded [num_seqs, Hq, max L_r,
+     *  max S_r] call with query/key lengths. */
     float dropout_p;
     /** Threads: 0 (default) = number of online CPUs; >= 1 = at most that many. The library
      *  runs its own threads over (batch, head, query block) and never changes process-wide
@@ -553,9 +555,13 @@ typedef struct sdpa_options {
      *  [0, num_blocks) (else SDPA_ERR_INDEX naming b, the block and the value, before anything
      *  is written); entries past a sequence's last block, slots past its length and blocks no
      *  table entry names are never read (the weights' score stages see zero rows there). Rows
- *  are [B, ...] or, with cu_seqlens_q, [num_seqs, ...]. */
+     *  are [B, ...] or, with cu_seqlens_q, [num_seqs, ...]. block_size = 0 is
+     *  SDPA_ERR_EMPTY_DIMENSION; block_table without key_lengths SDPA_ERR_NULL_POINTER. Every
+     *  kernel and precision reads a paged cache (bf16 REDUCED included: the same kernel and bits
+     *  as the dense view of the same keys). */
     const int32_t *block_table;
-    /** Elements between rows of block_table; 0 (default) = max_blocks_per_seq. */
+    /** Elements between rows of block_table; 0 (default) = max_blocks_per_seq; else >=
+     *  max_blocks_per_seq (SDPA_ERR_INVALID_ARGUMENT otherwise, also when negative). */
     int64_t block_table_stride;
     /** Columns of block_table (>= 1 with a block table). */
     int64_t max_blocks_per_seq;
@@ -566,9 +572,11 @@ typedef struct sdpa_options {
      *  Ev], lse [1, Hq, total_q]; weights are not available (SDPA_ERR_UNSUPPORTED). Keys of
      *  sequence r: with cu_seqlens_k, rows [cu_seqlens_k[r], cu_seqlens_k[r+1]) of k [1, Hkv,
      *  total_k, E] and v; with a block table, row r of it and key_lengths[r] (a paged cache);
-     *  otherwise SDPA_ERR_NULL_POINTER. Both arrays have num_seqs + 1 entries, start at 0, never
+     *  otherwise SDPA_ERR_NULL_POINTER; cu_seqlens_k and a block table together are
+     *  SDPA_ERR_INVALID_ARGUMENT; q of another rank SDPA_ERR_RANK. Both arrays have num_seqs + 1 entries, start at 0, never
      *  decrease and end at total_q (total_k); else SDPA_ERR_INDEX naming the entry. Each
-     *  sequence gets exactly what one sdpa_attention call over it alone (B = 1) gives:
+     *  sequence gets exactly what one sdpa_attention call over it alone (B = 1) gives (dropout
+     *  aside: sequence r draws its mask as batch row b = r, see dropout_p):
      *  causal and windows are bottom-right per sequence (p = i + S_r - L_r; alignment TOP_LEFT
      *  or BOTTOM_RIGHT, as FlashAttention varlen) or p = i + query_offsets[r] (OFFSETS);
      *  key_lengths and query_offsets are indexed by r; query_lengths and allow_mask/bias are not
@@ -579,7 +587,8 @@ typedef struct sdpa_options {
      *  NULL with a block table: the paged cache gives the keys). Only with cu_seqlens_q: set
      *  without it, SDPA_ERR_INVALID_ARGUMENT (a padded batch gives key_lengths instead). */
     const int32_t *cu_seqlens_k;
-    /** Sequences R of a packed batch (>= 0; used only with cu_seqlens_q). */
+    /** Sequences R of a packed batch (0 <= R < 2^31, else SDPA_ERR_INVALID_ARGUMENT; used only
+     *  with cu_seqlens_q). */
     int64_t num_seqs;
 } sdpa_options;
 
@@ -657,7 +666,10 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @param lse     [out] nullable; float32 [B, Hq, L]; -inf for padded rows and for empty rows
  *                (empty rows with a sink: the sink).
  * @retval SDPA_OK
- * @retval SDPA_ERR_NULL_POINTER   q, k, v, out or a view's data (non-empty) is NULL
+ * @retval SDPA_ERR_NULL_POINTER   q, k, v, out or a view's data (non-empty) is NULL; (0.5)
+ *                                 block_table without key_lengths, cu_seqlens_q without keys
+ *                                 (cu_seqlens_k or a block table); SDPA_ALIGN_OFFSETS without
+ *                                 query_offsets
  * @retval SDPA_ERR_STRUCT_VERSION options->struct_size out of range, unknown tail not zero, or
  *                                 options->reserved0 not 0
  * @retval SDPA_ERR_RANK           rank other than 3/4, mismatched ranks, mask rank not 1..4
@@ -666,8 +678,9 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @retval SDPA_ERR_STRIDE         output stride <= 0 on a dimension of size > 1, or self-overlap
  * @retval SDPA_ERR_OVERLAP        an output overlaps an input, another output or the workspace,
  *                                 or the workspace overlaps an input
- * @retval SDPA_ERR_SIZE_OVERFLOW  shape products overflow, or L, S, E or Ev >= 2^31
- * @retval SDPA_ERR_EMPTY_DIMENSION E == 0
+ * @retval SDPA_ERR_SIZE_OVERFLOW  shape products overflow, or L, S, E or Ev >= 2^31; a block
+ *                                 table's extent ((B-1) * stride + max_blocks_per_seq) overflows
+ * @retval SDPA_ERR_EMPTY_DIMENSION E == 0; a block pool's block_size == 0
  * @retval SDPA_ERR_DTYPE          a dtype that is not an sdpa_dtype, or weights / lse not float32
  * @retval SDPA_ERR_INVALID_ARGUMENT scale/softcap NaN, Inf or negative; window < -1; a key or
  *                                 query length outside [0, S] / [0, L]; dropout_p outside
@@ -676,7 +689,10 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *                                 beyond rank not 0; alibi_slopes_rank not 0/1/2 or not
  *                                 matching alibi_slopes; parallel_for with threadpool, or
  *                                 with parallel_for_threads < 1;
- *                                 cu_seqlens_k without cu_seqlens_q
+ *                                 cu_seqlens_k without cu_seqlens_q; (0.5) max_blocks_per_seq
+ *                                 < 1 or block_table_stride negative or below it with a block
+ *                                 table; cu_seqlens_k with a block table; num_seqs outside
+ *                                 [0, 2^31)
  * @retval SDPA_ERR_UNSUPPORTED    options->kernel forces a kernel that cannot serve this call;
  *                                 weights, query_lengths, allow_mask or bias with cu_seqlens_q
  * @retval SDPA_ERR_INDEX          (0.5) a block_table entry a valid key reaches is outside
@@ -882,8 +898,13 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_merge(const sdpa_tensor *out_a, const s
 /**
  * Scatter new K/V rows into a cache by slot index (vLLM reshape_and_cache's slot_mapping
  * contract). The cache is a block pool key_cache [num_blocks, Hkv, block_size, E] and
- * value_cache [num_blocks, Hkv, block_size, Ev] (any strides; a dense [B, Hkv, S, E] cache is
- * the pool with num_blocks = B, block_size = S), rows key [T, Hkv, E], value [T, Hkv, Ev].
+ * value_cache [num_blocks, Hkv, block_size, Ev] (any positive strides, as for every output: zero
+ * or negative ones are SDPA_ERR_STRIDE; a dense [B, Hkv, S, E] cache is the pool with
+ * num_blocks = B, block_size = S), rows key [T, Hkv, E], value [T, Hkv, Ev] (any strides). A
+ * pool with block_size = 0 has no slot: every non-negative slot is SDPA_ERR_INDEX. The two
+ * caches must not share bytes (SDPA_ERR_OVERLAP, by address range): a cache interleaving K and
+ * V per block (FlashInfer's [num_blocks, 2, block_size, Hkv, E]) is written with two keys-only
+ * calls, one per view.
  * Row t goes to block slot_mapping[t] / block_size, slot slot_mapping[t] % block_size (so
  * slot = block * block_size + offset); a negative slot skips the row (padding tokens, as vLLM).
  * Rows of any dtype are converted to the cache's dtype with round-to-nearest-even (exact when

@@ -7,8 +7,9 @@
 
 #define SDPA__DROPOUT_DOMAIN 0x53445041u /* "SDPA": separates the key derivation's counters */
 
-void sdpa__dropout_init(sdpa__dropout *d, float p, uint64_t seed, uint64_t offset) {
+void sdpa__dropout_init(sdpa__dropout *d, float p, uint64_t seed, uint64_t offset, int64_t batch0) {
     d->on = p > 0.0f;
+    d->batch0 = batch0;
     d->key[0] = d->key[1] = 0;
     d->threshold = 0;
     d->scale = 1.0f;
@@ -31,7 +32,7 @@ void sdpa__dropout_init(sdpa__dropout *d, float p, uint64_t seed, uint64_t offse
         int64_t t_ = 0;                                                                              \
         while (t_ < (n)) {                                                                           \
             int64_t j_ = (j0) + t_;                                                                  \
-            philox4x32_ctr_t c_ = {{(uint32_t)(j_ >> 2), (uint32_t)(i), (uint32_t)(h), (uint32_t)(b)}}; \
+            philox4x32_ctr_t c_ = {{(uint32_t)(j_ >> 2), (uint32_t)(i), (uint32_t)(h), (uint32_t)((b) + (d)->batch0)}}; \
             philox4x32_ctr_t r_ = philox4x32(c_, k_);                                                \
             for (int w_ = (int)(j_ & 3); w_ < 4 && t_ < (n); ++w_, ++t_) {                           \
                 const int64_t t = t_;                                                                \

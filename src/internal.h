@@ -173,6 +173,8 @@ typedef struct sdpa__plan {
     int kernel;                             /* sdpa_kernel requested (AUTO, or forced) */
     float dropout_p;                        /* 0 = no dropout */
     uint64_t dropout_seed, dropout_offset;
+    int64_t dropout_batch0;                 /* added to b in the dropout draws: packed sequence r
+                                             * runs as a B = 1 plan and draws as batch row r */
     int64_t row_block;                      /* query rows per tile */
     const float *sinks;                     /* [Hq] sink logits (NULL = none), softmax only */
     sdpa__exec exec;                        /* where tasks run: own threads, hook or pool */
@@ -290,10 +292,11 @@ typedef struct sdpa__dropout {
     uint32_t key[2];    /* key' derived from (seed, offset) */
     uint32_t threshold; /* element dropped iff its 32-bit draw < threshold */
     float scale;        /* 1 / (1 - p), applied once to a row's output by the kernel */
+    int64_t batch0;     /* added to b in every draw (plan's dropout_batch0) */
 } sdpa__dropout;
 
 /* Prepare the dropout state for (p, seed, offset); p = 0 gives on = false. */
-void sdpa__dropout_init(sdpa__dropout *d, float p, uint64_t seed, uint64_t offset);
+void sdpa__dropout_init(sdpa__dropout *d, float p, uint64_t seed, uint64_t offset, int64_t batch0);
 /* keep[t] = 1 if element (b, h, i, j0 + t) is kept, else 0, for t in [0, n). */
 void sdpa__dropout_keep(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i, int64_t j0,
                         int64_t n, uint8_t *keep);

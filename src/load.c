@@ -159,9 +159,39 @@ static sdpa__raw_rows paged_rows_raw(const sdpa__view4 *v, int64_t b, int64_t h,
     return out;
 }
 
+/* bf16 rows as stored, for the bf16 dot-product kernels (SDPA_PRECISION_REDUCED: AVX512-BF16,
+ * AMX), as bf16_strided_rows_bf16: in place when [r0, r1) lies inside one block and inside the
+ * keys with a contiguous last axis (and rows at a stride >= n), else gathered block by block into
+ * the tile; rows past key_lengths[b] are zeros there and never read (as in paged_rows). */
+static sdpa__rows16 paged_rows_bf16(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1,
+                                    uint16_t *tile) {
+    const int64_t n = v->shape[3], bs = v->block_size, len = v->key_lengths[b];
+    const int64_t s2 = v->strides[2], s3 = v->strides[3];
+    sdpa__rows16 out;
+    if (r0 < r1 && (s3 == 1 || n <= 1) && r1 <= len && r0 / bs == (r1 - 1) / bs && (s2 >= n || r1 - r0 <= 1)) {
+        out.data = (const uint16_t *)(const void *)paged_row(v, b, h, r0);
+        out.stride = (ptrdiff_t)(r1 - r0 <= 1 ? n : s2);
+        return out;
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+        uint16_t *dst = tile + (r - r0) * n;
+        if (r >= len) {
+            memset(dst, 0, (size_t)n * sizeof(uint16_t));
+            continue;
+        }
+        const uint16_t *src = (const uint16_t *)(const void *)paged_row(v, b, h, r);
+        for (int64_t e = 0; e < n; ++e)
+            dst[e] = src[e * s3];
+    }
+    out.data = tile;
+    out.stride = (ptrdiff_t)n;
+    return out;
+}
+
 static const sdpa__loader g_f32_paged = {"f32-paged", paged_rows, paged_row_finite, NULL, paged_rows_raw};
 static const sdpa__loader g_f16_paged = {"f16-paged", paged_rows, paged_row_finite, NULL, paged_rows_raw};
-static const sdpa__loader g_bf16_paged = {"bf16-paged", paged_rows, paged_row_finite, NULL, paged_rows_raw};
+static const sdpa__loader g_bf16_paged = {"bf16-paged", paged_rows, paged_row_finite, paged_rows_bf16,
+                                          paged_rows_raw};
 
 /* [addressing][sdpa_dtype]; NULL = not supported (rejected by validation before a plan). */
 static const sdpa__loader *const g_loaders[SDPA__ADDR_COUNT][3] = {

@@ -29,9 +29,12 @@ static sdpa_status check_cu(const char *fn, const char *name, const int32_t *cu,
 sdpa_status sdpa__varlen_check(const char *fn, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_options *o,
                                const sdpa_tensor *weights, int64_t *S) {
     (void)S;
-    if (q->rank != 4 || q->shape[0] != 1)
-        return sdpa__fail(SDPA_ERR_SHAPE, "%s: with options->cu_seqlens_q, query must be [1, Hq, total_q, E] (rank %d, shape[0]=%lld)",
-                          fn, (int)q->rank, (long long)q->shape[0]);
+    if (q->rank != 4)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: with options->cu_seqlens_q, query must be rank 4, [1, Hq, total_q, E] (query.rank=%d)",
+                          fn, (int)q->rank);
+    if (q->shape[0] != 1)
+        return sdpa__fail(SDPA_ERR_SHAPE, "%s: with options->cu_seqlens_q, query must be [1, Hq, total_q, E] (query.shape[0]=%lld)",
+                          fn, (long long)q->shape[0]);
     if (weights != NULL)
         return sdpa__fail(SDPA_ERR_UNSUPPORTED, "%s: weights are not available for a packed batch (cu_seqlens_q); pass weights=NULL", fn);
     if (o->query_lengths != NULL || o->allow_mask != NULL || o->bias != NULL)
@@ -76,6 +79,7 @@ static void sequence_plan(const sdpa__plan *p, const sdpa_options *o, int64_t r,
     const int64_t i0 = o->cu_seqlens_q[r], Lr = (int64_t)o->cu_seqlens_q[r + 1] - i0;
     s->B = 1;
     s->L = Lr;
+    s->dropout_batch0 = r; /* its dropout draws are batch row r's, as in the padded batch */
     shift(&s->q, i0, Lr);
     shift(&s->out, i0, Lr);
     if (p->has_lse)

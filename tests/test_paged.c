@@ -851,6 +851,154 @@ static void test_paged_16bit_like_dense(void **state) {
     }
 }
 
+/* bf16 q/k/v at SDPA_PRECISION_REDUCED: the paged loader gives the bf16 dot-product kernels
+ * (AVX512-BF16 / AMX) their raw bf16 rows too, so a paged call runs the same kernel as the dense
+ * one and gives the same bits (it fell back to the f32-arithmetic kernel: a review found it).
+ * Decode and tiled, a block size smaller than a tile (rows gathered across blocks) and one
+ * larger (rows in place), sequences ending inside a block (rows past the length zero). */
+static void test_paged_bf16_reduced_like_dense(void **state) {
+    (void)state;
+    enum { B = 2, Hq = 4, Hkv = 2, E = 32, LMAX = 40, SMAX = 160 };
+    static uint16_t q[B * Hq * LMAX * E], dk[B * Hkv * SMAX * E], dv[B * Hkv * SMAX * E];
+    static uint16_t pk[12 * Hkv * 160 * E], pv[12 * Hkv * 160 * E];
+    static float o1[B * Hq * LMAX * E], o2[B * Hq * LMAX * E];
+    const int64_t bss[2] = {16, 160}, lens[2] = {1, LMAX};
+    int bf16_path = 0;
+    for (size_t t = 0; t < sizeof q / sizeof q[0]; ++t)
+        q[t] = (uint16_t)(0x3E00 + (rnd() & 0xFF) + ((rnd() & 1) << 15));
+    for (size_t t = 0; t < sizeof dk / sizeof dk[0]; ++t) {
+        dk[t] = (uint16_t)(0x3E00 + (rnd() & 0xFF) + ((rnd() & 1) << 15));
+        dv[t] = (uint16_t)(0x3F00 + (rnd() & 0x7F) + ((rnd() & 1) << 15));
+    }
+    const int64_t len[B] = {SMAX - 5, 77};
+    for (int bi = 0; bi < 2; ++bi) {
+        const int64_t BS = bss[bi], MB = (SMAX + BS - 1) / BS, NB = 2 * MB + 1;
+        int32_t table[2 * 10];
+        for (int64_t t = 0; t < 2 * MB; ++t) /* blocks in reverse order, block 0 never referenced */
+            table[t] = (int32_t)(NB - 1 - t);
+        memset(pk, 0xFF, sizeof pk); /* NaN: slots past a length and the unused block */
+        memset(pv, 0xFF, sizeof pv);
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < Hkv; ++h)
+                for (int64_t j = 0; j < len[b]; ++j) {
+                    const int64_t blk = table[b * MB + j / BS];
+                    memcpy(&pk[((blk * Hkv + h) * BS + j % BS) * E], &dk[((b * Hkv + h) * SMAX + j) * E], (size_t)E * 2);
+                    memcpy(&pv[((blk * Hkv + h) * BS + j % BS) * E], &dv[((b * Hkv + h) * SMAX + j) * E], (size_t)E * 2);
+                }
+        for (int li = 0; li < 2; ++li) {
+            const int64_t L = lens[li];
+            sdpa_tensor tq, tdk, tdv, tpk, tpv, to1, to2;
+            const int64_t qs[4] = {B, Hq, L, E}, ds[4] = {B, Hkv, SMAX, E}, ps[4] = {NB, Hkv, BS, E};
+            const int64_t qst[4] = {Hq * LMAX * E, LMAX * E, E, 1};
+            assert_int_equal(sdpa_tensor_init_strided(&tq, q, SDPA_DTYPE_BF16, 4, qs, qst), SDPA_OK);
+            assert_int_equal(sdpa_tensor_init_dtype(&tdk, dk, SDPA_DTYPE_BF16, 4, ds), SDPA_OK);
+            assert_int_equal(sdpa_tensor_init_dtype(&tdv, dv, SDPA_DTYPE_BF16, 4, ds), SDPA_OK);
+            assert_int_equal(sdpa_tensor_init_dtype(&tpk, pk, SDPA_DTYPE_BF16, 4, ps), SDPA_OK);
+            assert_int_equal(sdpa_tensor_init_dtype(&tpv, pv, SDPA_DTYPE_BF16, 4, ps), SDPA_OK);
+            to1 = view4(o1, B, Hq, L, E, NULL);
+            to2 = view4(o2, B, Hq, L, E, NULL);
+            sdpa_options o;
+            sdpa_options_init(&o);
+            o.precision = SDPA_PRECISION_REDUCED;
+            o.causal = 1;
+            o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+            o.key_lengths = len;
+            expect(sdpa_attention(&tq, &tdk, &tdv, &o, &to1, NULL, NULL), SDPA_OK, NULL);
+            char dense_kernel[64];
+            snprintf(dense_kernel, sizeof dense_kernel, "%s", sdpa_last_kernel());
+            o.block_table = table;
+            o.max_blocks_per_seq = MB;
+            expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to2, NULL, NULL), SDPA_OK, NULL);
+            if (strcmp(dense_kernel, sdpa_last_kernel()) != 0)
+                fail_msg("block size %lld, L = %lld: dense ran %s, paged %s", (long long)BS, (long long)L, dense_kernel,
+                         sdpa_last_kernel());
+            bf16_path |= strstr(dense_kernel, "bf16-bf16") != NULL;
+            bits_equal(o1, o2, (size_t)(B * Hq * L * E), "bf16 REDUCED paged vs dense");
+        }
+    }
+    printf("bf16 REDUCED paged = dense: %s\n", bf16_path ? "bf16 dot-product kernels ran"
+                                                          : "not run on the bf16 dot-product path (CPU lacks AVX512-BF16): "
+                                                            "compared its f32 fallback");
+}
+
+/* Dropout in a packed batch: sequence r draws as batch row r of the padded batch (b = r, i and j
+ * counted within the sequence), so two identical sequences get different masks (every sequence
+ * drew as b = 0: the same mask; a review found it), and the packed call equals the padded
+ * [R, H, max L, max S] call with query/key lengths, bit for bit on the same kernel. */
+static void test_packed_dropout_is_per_sequence(void **state) {
+    (void)state;
+    enum { R = 2, Hq = 2, Hkv = 1, E = 8, LM = 5, SM = 9 };
+    const int32_t cuq[R + 1] = {0, 3, 8}, cuk[R + 1] = {0, 6, 15};
+    const int64_t ql[R] = {3, 5}, kl[R] = {6, 9};
+    float q[Hq * 8 * E], k[Hkv * 15 * E], v[Hkv * 15 * E], out[Hq * 8 * E];
+    float pq[R * Hq * LM * E], pk[R * Hkv * SM * E], pv[R * Hkv * SM * E], pout[R * Hq * LM * E];
+    fill(q, sizeof q / sizeof q[0]);
+    fill(k, sizeof k / sizeof k[0]);
+    fill(v, sizeof v / sizeof v[0]);
+    memset(pq, 0, sizeof pq);
+    memset(pk, 0, sizeof pk);
+    memset(pv, 0, sizeof pv);
+    for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < Hq; ++h)
+            for (int i = 0; i < ql[r]; ++i)
+                memcpy(&pq[((r * Hq + h) * LM + i) * E], &q[(h * 8 + cuq[r] + i) * E], E * sizeof(float));
+        for (int j = 0; j < kl[r]; ++j) {
+            memcpy(&pk[(r * SM + j) * E], &k[(cuk[r] + j) * E], E * sizeof(float));
+            memcpy(&pv[(r * SM + j) * E], &v[(cuk[r] + j) * E], E * sizeof(float));
+        }
+    }
+    const int kernels[2] = {SDPA_KERNEL_REFERENCE, SDPA_KERNEL_TILED};
+    for (int kk = 0; kk < 2; ++kk) {
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.kernel = kernels[kk];
+        o.dropout_p = 0.4f;
+        o.dropout_seed = 7;
+        o.dropout_offset = 3;
+        sdpa_tensor tq = view4(q, 1, Hq, 8, E, NULL), tk = view4(k, 1, Hkv, 15, E, NULL), tv = view4(v, 1, Hkv, 15, E, NULL);
+        sdpa_tensor to = view4(out, 1, Hq, 8, E, NULL);
+        o.cu_seqlens_q = cuq;
+        o.cu_seqlens_k = cuk;
+        o.num_seqs = R;
+        expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK, NULL);
+        sdpa_options_init(&o);
+        o.kernel = kernels[kk];
+        o.dropout_p = 0.4f;
+        o.dropout_seed = 7;
+        o.dropout_offset = 3;
+        o.query_lengths = ql;
+        o.key_lengths = kl;
+        sdpa_tensor tpq = view4(pq, R, Hq, LM, E, NULL), tpk = view4(pk, R, Hkv, SM, E, NULL), tpv = view4(pv, R, Hkv, SM, E, NULL);
+        sdpa_tensor tpo = view4(pout, R, Hq, LM, E, NULL);
+        expect(sdpa_attention(&tpq, &tpk, &tpv, &o, &tpo, NULL, NULL), SDPA_OK, NULL);
+        for (int r = 0; r < R; ++r)
+            for (int h = 0; h < Hq; ++h)
+                bits_equal(&out[(h * 8 + cuq[r]) * E], &pout[((r * Hq + h) * LM) * E], (size_t)(ql[r] * E),
+                           "packed dropout vs the padded batch");
+    }
+    /* Two identical sequences: their masks differ (p = 0.4 over 4 x 8 elements per head). */
+    const int32_t cu2[3] = {0, 4, 8};
+    float q2[Hq * 8 * E], k2[Hkv * 16 * E], v2[Hkv * 16 * E], o2[Hq * 8 * E];
+    fill(q2, 4 * E); /* rows 0-3 of head 0; every (head, sequence) gets the same 4 rows */
+    fill(k2, 8 * E);
+    fill(v2, 8 * E);
+    for (int hs = 1; hs < 2 * Hq; ++hs)
+        memcpy(&q2[hs * 4 * E], q2, 4 * E * sizeof(float));
+    memcpy(&k2[8 * E], k2, 8 * E * sizeof(float));
+    memcpy(&v2[8 * E], v2, 8 * E * sizeof(float));
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.dropout_p = 0.4f;
+    o.dropout_seed = 11;
+    o.cu_seqlens_q = cu2;
+    o.cu_seqlens_k = (const int32_t[3]){0, 8, 16};
+    o.num_seqs = 2;
+    sdpa_tensor tq = view4(q2, 1, Hq, 8, E, NULL), tk = view4(k2, 1, Hkv, 16, E, NULL), tv = view4(v2, 1, Hkv, 16, E, NULL);
+    sdpa_tensor to = view4(o2, 1, Hq, 8, E, NULL);
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK, NULL);
+    assert_true(memcmp(&o2[0], &o2[4 * E], 4 * E * sizeof(float)) != 0);
+}
+
 /* Packed calls: OFFSETS alignment indexed by sequence, the workspace query, a caller workspace. */
 static void test_packed_offsets_workspace(void **state) {
     (void)state;
@@ -911,6 +1059,8 @@ int main(void) {
         cmocka_unit_test(test_kv_write),
         cmocka_unit_test(test_kv_write_convert),
         cmocka_unit_test(test_paged_16bit_like_dense),
+        cmocka_unit_test(test_paged_bf16_reduced_like_dense),
+        cmocka_unit_test(test_packed_dropout_is_per_sequence),
         cmocka_unit_test(test_packed_offsets_workspace),
         cmocka_unit_test(test_packed_first_failure),
     };
