@@ -114,7 +114,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     scale: None = 1/sqrt(E); a positive float replaces it (0 is rejected: the library reads 0
         as "default").
     dropout_p, seed, dropout_offset: dropout on the probabilities that form `out` (p in
-        [0, 1)); deterministic in (seed, offset, b, h, i, j). There is no training mode: pass
+        [0, 1)); deterministic in (seed, offset, b, h, i, j) (a packed sequence r draws as
+        b = r, i and j counted within it). There is no training mode: pass
         0 for inference. Returned weights and lse are pre-dropout.
     key_lengths, query_lengths: per-batch [B] valid counts (right padding); rows
         i >= query_lengths[b] are exact zeros. Converted to int64 (small, not viewed).
