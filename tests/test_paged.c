@@ -794,6 +794,19 @@ static void test_kv_write_convert(void **state) {
     assert_true(back[0] == 1.0f && back[1] == 1.015625f && back[2] == 1.0078125f && back[3] == -3.0f);
 }
 
+/* The first len[b] keys of dense 16-bit [B, Hkv, S, E] K/V (dk, dv) into block pools
+ * [NB, Hkv, BS, E] (pk, pv) through table [B, MB]. */
+static void pool16_from_dense(uint16_t *pk, uint16_t *pv, const uint16_t *dk, const uint16_t *dv, const int32_t *table,
+                              const int64_t *len, int64_t B, int64_t Hkv, int64_t S, int64_t E, int64_t BS, int64_t MB) {
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < Hkv; ++h)
+            for (int64_t j = 0; j < len[b]; ++j) {
+                const int64_t blk = table[b * MB + j / BS];
+                memcpy(&pk[((blk * Hkv + h) * BS + j % BS) * E], &dk[((b * Hkv + h) * S + j) * E], (size_t)E * 2);
+                memcpy(&pv[((blk * Hkv + h) * BS + j % BS) * E], &dv[((b * Hkv + h) * S + j) * E], (size_t)E * 2);
+            }
+}
+
 /* Reduced-precision caches: the paged loader serves every dtype the strided loaders do. On a
  * build whose attention computes f16/bf16 K/V, paged and dense views of the same 16-bit keys
  * are bit-equal; on one that does not, both answer SDPA_ERR_DTYPE (never one without the other). */
@@ -813,13 +826,7 @@ static void test_paged_16bit_like_dense(void **state) {
             dk[t] = (uint16_t)(d == 0 ? 0x3000 + (rnd() & 0x3FF) : 0x3E00 + (rnd() & 0xFF));
             dv[t] = (uint16_t)(d == 0 ? 0xB000 + (rnd() & 0x3FF) : 0xBE00 + (rnd() & 0xFF));
         }
-        for (int64_t b = 0; b < B; ++b)
-            for (int64_t h = 0; h < Hkv; ++h)
-                for (int64_t j = 0; j < len[b]; ++j) {
-                    const int64_t blk = table[b * MB + j / BS];
-                    memcpy(&pk[((blk * Hkv + h) * BS + j % BS) * E], &dk[((b * Hkv + h) * S + j) * E], (size_t)E * 2);
-                    memcpy(&pv[((blk * Hkv + h) * BS + j % BS) * E], &dv[((b * Hkv + h) * S + j) * E], (size_t)E * 2);
-                }
+        pool16_from_dense(pk, pv, dk, dv, table, len, B, Hkv, S, E, BS, MB);
         sdpa_tensor tq = view4(q, B, Hq, L, E, NULL), to1 = view4(o1, B, Hq, L, E, NULL), to2 = view4(o2, B, Hq, L, E, NULL);
         sdpa_tensor tdk, tdv, tpk, tpv;
         const int64_t ds[4] = {B, Hkv, S, E}, ps[4] = {NB, Hkv, BS, E};
@@ -878,13 +885,7 @@ static void test_paged_bf16_reduced_like_dense(void **state) {
             table[t] = (int32_t)(NB - 1 - t);
         memset(pk, 0xFF, sizeof pk); /* NaN: slots past a length and the unused block */
         memset(pv, 0xFF, sizeof pv);
-        for (int64_t b = 0; b < B; ++b)
-            for (int64_t h = 0; h < Hkv; ++h)
-                for (int64_t j = 0; j < len[b]; ++j) {
-                    const int64_t blk = table[b * MB + j / BS];
-                    memcpy(&pk[((blk * Hkv + h) * BS + j % BS) * E], &dk[((b * Hkv + h) * SMAX + j) * E], (size_t)E * 2);
-                    memcpy(&pv[((blk * Hkv + h) * BS + j % BS) * E], &dv[((b * Hkv + h) * SMAX + j) * E], (size_t)E * 2);
-                }
+        pool16_from_dense(pk, pv, dk, dv, table, len, B, Hkv, SMAX, E, BS, MB);
         for (int li = 0; li < 2; ++li) {
             const int64_t L = lens[li];
             sdpa_tensor tq, tdk, tdv, tpk, tpv, to1, to2;
