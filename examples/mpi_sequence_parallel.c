@@ -5,7 +5,7 @@
  *
  * Each rank holds S/P keys and values (a contiguous shard of the sequence) and attends to
  * them only, asking sdpa_attention for (out, lse); the parts are combined with sdpa_merge's
- * rule (DESIGN.md section 11), which is commutative and associative up to rounding:
+ * rule (sdpa_merge in include/sdpa.h), which is commutative and associative up to rounding:
  *
  *   1. prefill (L = S queries on every rank, causal bottom-right): each rank's part uses
  *      SDPA_ALIGN_OFFSETS with the shard's real key positions and SDPA_EMPTY_ROWS_ZERO (a

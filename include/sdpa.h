@@ -351,8 +351,9 @@ typedef enum sdpa_kernel {
  *   dot products, err also gains (2n + 1) * 2^-126 (absolute: bf16 subnormal v values read as
  *   0, subnormal partial sums flushed). REDUCED never rounds a q or k value: f32 or f16 q/k
  *   keep the F32 score arithmetic.
- *   In 0.4, REDUCED computes Q.K^T with VDPBF16PS in the tiled and decode kernels when q and k
- *   are bf16 and the CPU has AVX512-BF16; with bf16 v the tiled kernel also rounds each
+ *   Since 0.5.0 (the 0.4 core), REDUCED computes Q.K^T with VDPBF16PS in the tiled and decode
+ *   kernels when q and k are bf16 and the CPU has AVX512-BF16; after 0.5.0, with bf16 v, the
+ *   tiled kernel also rounds each
  *   probability to bf16 (nearest even; below 2^-126 to 0) and computes P.V with VDPBF16PS
  *   (sdpa_last_kernel() then names "tiled-avx512bf16"). After sdpa_request_amx() the tiled
  *   kernel uses AMX-BF16 tiles instead ("tiled-amx-bf16", head sizes as sdpa_request_amx()
@@ -878,6 +879,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_
  * carries the sink has out 0 and lse = the sink (under SDPA_EMPTY_ROWS_ZERO), which merges
  * correctly.
  *
+ * Dtypes: float32 views only (float16/bfloat16 are SDPA_ERR_DTYPE).
  * Shapes: out_a, out_b, out [..., Ev] of rank 1..SDPA_MAX_RANK, all equal; lse_a, lse_b,
  * lse [...] = the out shape without its last axis (rank - 1; for rank-1 outs a rank-1
  * view of shape [1]). Any strides on inputs; outputs need the output layout rules of
@@ -1040,6 +1042,7 @@ static inline void sdpa_mha_options_init(sdpa_mha_options *options) {
  *              PyTorch's batch_first=False [L, B, E] buffer is the view of shape [B, L, E]
  *              with strides {E, B*E, 1}). Self-attention passes the same view three times.
  * @param out   [out] [B, L, E].
+ *              Dtypes: float32 views and weights only (float16/bfloat16 are SDPA_ERR_DTYPE).
  * @param attn_weights [out] nullable (need_weights=False): [B, L, S'] averaged over heads, or
  *              [B, H, L, S'] with options->per_head_weights = 1; probabilities, 0 where blocked.
  * @param options nullable (= defaults).
@@ -1081,7 +1084,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mha_workspace_size(const sdpa_mha_param
 
 /**
  * Ask Linux for this process's permission to use Intel AMX tile data (the application's
- * explicit opt-in; libsdpa never asks on its own, DESIGN.md section 7). AMX-BF16 kernels are
+ * explicit opt-in; libsdpa never asks on its own: README, "Kernels, threads and workspace"). AMX-BF16 kernels are
  * used only once permission is granted (see sdpa_amx_available()).
  *
  * What it enables (after 0.5.0): under SDPA_PRECISION_REDUCED, the tiled kernel computes the

@@ -103,11 +103,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     library answers SdpaDtypeError for a dtype it does not compute); other dtypes raise
     SdpaDtypeError; strides must be whole elements (else SdpaShapeError).
 
-    attn_mask: bool/uint8 = allow-mask (True = the key takes part, as PyTorch SDPA), or float32
-        = additive (0 / -inf, as PyTorch), passed to the library as the bias (added to `bias`
-        when both are given, in a new array). Broadcast to [B, Hq, L, S] right-aligned; for
-        rank-3 inputs a rank-3 mask is [B, L, S].
-    bias: float32 additive bias, broadcast like attn_mask; -inf blocks the key.
+    attn_mask: bool/uint8 = allow-mask (True = the key takes part, as PyTorch SDPA), or
+        float32 / float16 / bfloat16 = additive (0 / -inf, as PyTorch), passed to the library
+        as the bias in its dtype (added to `bias` when both are given, in a new float32 array:
+        then both must be float32). Broadcast to [B, Hq, L, S] right-aligned; for rank-3
+        inputs a rank-3 mask is [B, L, S].
+    bias: float32 / float16 / bfloat16 additive bias, broadcast like attn_mask; -inf blocks
+        the key.
     causal: None/False = off; True or "top_left" = key j <= query i (PyTorch is_causal,
         torch.tril); "bottom_right" = j <= i + S_b - L_b (KV-cache decode, FlashAttention).
         "offsets" = j <= i + query_offsets[b]. ``is_causal`` is accepted as PyTorch's name.
