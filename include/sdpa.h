@@ -336,9 +336,11 @@ typedef enum sdpa_kernel {
  * to its dtype: r = 0 for F32, 2^-11 * (V + err) + 2^-25 for F16, 2^-8 * (V + err) + 2^-134 for BF16
  * (half an ulp of |out| <= V + err; half the subnormal quantum below the normal range).
  * SDPA_PRECISION_DEFAULT and SDPA_PRECISION_F32:
- *   err = V * ((exp(2δ) - 1) + (3n + 32) * u)
+ *   err = V * ((exp(2δ) - 1) + (3n + 32) * u) + (3n + 32) * 2^-150
  *   (the score errors move each probability by a factor within exp(±2δ); (3n + 32) u covers exp,
- *   the row sum, the P.V sum and the online rescaling, float32 sums of at most n terms each);
+ *   the row sum, the P.V sum and the online rescaling, float32 sums of at most n terms each;
+ *   the last term is the same operations' absolute error where their results are float32
+ *   subnormals, as with v below 2^-126 in magnitude);
  *   |lse - ref| <= δ + (n + 32) * u + u * |ref|.
  * SDPA_PRECISION_REDUCED: err gains
  *   2 * (u_V + n * t_V) * V,   u_V = 2^-11 (f16 V), 2^-8 (bf16 V), 0 (f32 V);
@@ -372,7 +374,10 @@ typedef enum sdpa_kernel {
  *   combination (largest observed error / bound: about 0.1 with f32 out, 0.97 with f16 or
  *   bf16 out, where the one rounding of out dominates; REDUCED with rounded P: 0.14 with f32
  *   out).
- * An f16 out cannot hold |x| >= 65520: such values become +-Inf (f16's range), not an error.
+ * An f16 out cannot hold |x| >= 65520, a bf16 out |x| >= 3.3961775e38 (half an ulp above its
+ * largest finite value): a float32 result there becomes +-Inf (IEEE rounding, the dtype's
+ * range), not an error. Since the float32 result may exceed the exact one by err, an exact value
+ * within err of those limits (v values at the top of the range) can become +-Inf too.
  */
 typedef enum sdpa_precision {
     /** Default: the SDPA_PRECISION_F32 contract, in this and every later 0.x/1.x version (a
