@@ -168,31 +168,22 @@ def integer_array(values, name):
     callers range-check before converting."""
     try:
         array = as_numpy(values, name)  # numpy, torch, __dlpack__, __array_interface__: a view
-    except TypeError:
-        array = None
-    if array is None:                    # a Python sequence (or scalar): look at every item
+    except TypeError:                    # a Python sequence (or scalar): an array of its items
         try:
             array = np.asarray(values, dtype=object)
-            items = array.reshape(-1).tolist()
         except (ValueError, TypeError) as e:
             raise py_error("SDPA_ERR_SHAPE", f"{name} is not a rectangular array of integers "
                            f"(rows of different lengths?): {e}") from None
-        if any(isinstance(x, (list, tuple, np.ndarray)) for x in items):
+        if any(isinstance(x, (list, tuple, np.ndarray)) for x in array.reshape(-1).tolist()):
             raise py_error("SDPA_ERR_SHAPE", f"{name} is not a rectangular array of integers "
                            f"(rows of different lengths)")
-        bad = [x for x in items if not _is_int(x)][:1]
-        if bad:
-            bad = bad[0]
-            raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers, got {bad!r} "
-                           f"({type(bad).__name__}; bools and floats, even integral ones, are "
-                           f"not converted)")
-        return array
-    if array.dtype.kind == "O":
-        items = array.reshape(-1).tolist()
-        bad = [x for x in items if not _is_int(x)][:1]
+    if array.dtype.kind == "O":          # every item must be an int (not a bool)
+        bad = [x for x in array.reshape(-1).tolist() if not _is_int(x)][:1]
         if not bad:
             return array
-        raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers, got a {type(bad[0]).__name__}")
+        raise py_error("SDPA_ERR_DTYPE", f"{name} must hold integers, got {bad[0]!r} "
+                       f"({type(bad[0]).__name__}; bools and floats, even integral ones, are "
+                       f"not converted)")
     if array.dtype.kind in "iu" and not is_bf16(array.dtype):
         return array
     shown = "bfloat16" if is_bf16(array.dtype) else str(array.dtype)
