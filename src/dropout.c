@@ -7,9 +7,11 @@
 
 #define SDPA__DROPOUT_DOMAIN 0x53445041u /* "SDPA": separates the key derivation's counters */
 
-void sdpa__dropout_init(sdpa__dropout *d, float p, uint64_t seed, uint64_t offset, int64_t batch0) {
+void sdpa__dropout_init(sdpa__dropout *d, const sdpa__plan *plan) {
+    const float p = plan->dropout_p;
+    const uint64_t seed = plan->dropout_seed, offset = plan->dropout_offset;
     d->on = p > 0.0f;
-    d->batch0 = batch0;
+    d->batch0 = plan->dropout_batch0;
     d->key[0] = d->key[1] = 0;
     d->threshold = 0;
     d->scale = 1.0f;

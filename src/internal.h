@@ -296,7 +296,8 @@ typedef struct sdpa__dropout {
 } sdpa__dropout;
 
 /* Prepare the dropout state for (p, seed, offset); p = 0 gives on = false. */
-void sdpa__dropout_init(sdpa__dropout *d, float p, uint64_t seed, uint64_t offset, int64_t batch0);
+/* The dropout of a plan: its p, seed, offset and batch0 (one place, so no kernel forgets one). */
+void sdpa__dropout_init(sdpa__dropout *d, const sdpa__plan *plan);
 /* keep[t] = 1 if element (b, h, i, j0 + t) is kept, else 0, for t in [0, n). */
 void sdpa__dropout_keep(const sdpa__dropout *d, int64_t b, int64_t h, int64_t i, int64_t j0,
                         int64_t n, uint8_t *keep);

@@ -621,7 +621,7 @@ static void decode_prepare(const sdpa__plan *p, void *shared, unsigned char *tws
     c->ws = tws;
     c->tstride = tstride;
     c->shared = (unsigned char *)shared + sdpa__align64(sizeof(dctx));
-    sdpa__dropout_init(&c->drop, p->dropout_p, p->dropout_seed, p->dropout_offset, p->dropout_batch0);
+    sdpa__dropout_init(&c->drop, p);
     c->qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
     w->items = c->d.items;
     w->item = decode_task;

@@ -273,7 +273,7 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
     void *acc = ws + l.acc;
     const bool score_stage = p->has_weights && p->weights_stage != SDPA_WEIGHTS_PROBABILITIES;
     sdpa__dropout drop;
-    sdpa__dropout_init(&drop, p->dropout_p, p->dropout_seed, p->dropout_offset, p->dropout_batch0);
+    sdpa__dropout_init(&drop, p);
 
     for (int64_t b = 0; b < p->B; ++b) {
         for (int64_t h = 0; h < p->Hq; ++h) {

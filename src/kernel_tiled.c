@@ -580,7 +580,7 @@ static void tiled_prepare(const sdpa__plan *p, void *shared, unsigned char *tws,
     c->lay = make_layout(p);
     c->ws = tws;
     c->tstride = tstride;
-    sdpa__dropout_init(&c->drop, p->dropout_p, p->dropout_seed, p->dropout_offset, p->dropout_batch0);
+    sdpa__dropout_init(&c->drop, p);
     c->qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
     c->fused = c->mk16 != NULL && c->pv16 == c->mk16 && c->mk16->softmax_pack != NULL && p->softcap <= 0.0f &&
                p->rules.alibi_slopes == NULL && !c->drop.on && p->Ev > 0 && c->qscale > 0.0f;

@@ -70,6 +70,12 @@ static bool u16_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int
     return sdpa__finite_rows(table_of(v), v->dtype, u16_row(v, b, h, r), 0, (ptrdiff_t)v->strides[3], 1, v->shape[3]);
 }
 
+/* n 16-bit elements of a row at element stride s3, into a contiguous row. */
+static void u16_gather(uint16_t *dst, const uint16_t *src, int64_t n, int64_t s3) {
+    for (int64_t e = 0; e < n; ++e)
+        dst[e] = src[e * s3];
+}
+
 static sdpa__rows16 bf16_strided_rows_bf16(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1,
                                            uint16_t *tile) {
     const int64_t n = v->shape[3], s3 = v->strides[3], s2 = v->strides[2];
@@ -79,11 +85,8 @@ static sdpa__rows16 bf16_strided_rows_bf16(const sdpa__view4 *v, int64_t b, int6
         out.stride = (ptrdiff_t)(r1 - r0 <= 1 ? n : s2);
         return out;
     }
-    for (int64_t r = r0; r < r1; ++r) {
-        const uint16_t *src = u16_row(v, b, h, r);
-        for (int64_t e = 0; e < n; ++e)
-            tile[(r - r0) * n + e] = src[e * s3];
-    }
+    for (int64_t r = r0; r < r1; ++r)
+        u16_gather(tile + (r - r0) * n, u16_row(v, b, h, r), n, s3);
     out.data = tile;
     out.stride = (ptrdiff_t)n;
     return out;
@@ -179,9 +182,7 @@ static sdpa__rows16 paged_rows_bf16(const sdpa__view4 *v, int64_t b, int64_t h, 
             memset(dst, 0, (size_t)n * sizeof(uint16_t));
             continue;
         }
-        const uint16_t *src = (const uint16_t *)(const void *)paged_row(v, b, h, r);
-        for (int64_t e = 0; e < n; ++e)
-            dst[e] = src[e * s3];
+        u16_gather(dst, (const uint16_t *)(const void *)paged_row(v, b, h, r), n, s3);
     }
     out.data = tile;
     out.stride = (ptrdiff_t)n;
