@@ -918,8 +918,8 @@ static void test_paged_bf16_reduced_like_dense(void **state) {
         }
     }
     printf("bf16 REDUCED paged = dense: %s\n", bf16_path ? "bf16 dot-product kernels ran"
-                                                          : "not run on the bf16 dot-product path (CPU lacks AVX512-BF16): "
-                                                            "compared its f32 fallback");
+                                                          : "not run on the bf16 dot-product path (AVX512-BF16 absent or "
+                                                            "capped by SDPA_MAX_ISA): compared its f32 fallback");
 }
 
 /* Dropout in a packed batch: sequence r draws as batch row r of the padded batch (b = r, i and j
