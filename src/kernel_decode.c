@@ -34,6 +34,7 @@
 #include "dispatch.h"
 #include "load.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -629,6 +630,31 @@ static void decode_prepare(const sdpa__plan *p, void *shared, unsigned char *tws
     w->finish = decode_finish;
 }
 
+/* Elements [e0, e0 + n) of one row's output from its nc chunk results (po: chunk k's at
+ * po + k * ev, w[k] its weight, 0 = left out), times inv: y = (float)((sum_k po_k w_k) * inv)
+ * in double, each element's sum in k order from 0.0 (the same bits as one element at a time;
+ * written as loops the compiler vectorises). False when some sum or y is not finite. */
+#define MERGE_PIECE 256
+static bool merge_piece(const float *po, int64_t ev, const double *w, int64_t nc, double inv, int64_t n, float *y) {
+    double x[MERGE_PIECE];
+    for (int64_t e = 0; e < n; ++e)
+        x[e] = 0.0;
+    for (int64_t k = 0; k < nc; ++k) {
+        const double wk = w[k];
+        if (wk == 0.0)
+            continue;
+        const float *pk = po + k * ev;
+        for (int64_t e = 0; e < n; ++e)
+            x[e] += (double)pk[e] * wk;
+    }
+    int ok = 1;
+    for (int64_t e = 0; e < n; ++e) {
+        y[e] = (float)(x[e] * inv);
+        ok &= (fabs(x[e]) <= DBL_MAX) & (fabsf(y[e]) <= FLT_MAX);
+    }
+    return ok != 0;
+}
+
 /* After every item: the inline K/V check, then merge the chunks of each row and write. */
 static sdpa_status decode_finish(void *vctx) {
     const dctx *cp = (const dctx *)vctx;
@@ -687,14 +713,12 @@ static sdpa_status decode_finish(void *vctx) {
                     lt += exp((double)sink - M);
                 const double inv = (double)c.drop.scale / lt;
                 bool fin = true;
-                for (int64_t e = 0; e < Ev && fin; ++e) {
-                    double x = 0.0;
-                    for (int64_t k = 0; k < nc; ++k)
-                        if (w[k] != 0.0)
-                            x += (double)po[(s0 + k) * Ev + e] * w[k];
-                    const float y = (float)(x * inv);
-                    fin = isfinite(x) && isfinite(y);
-                    sdpa__out_put(p, orow, e, y);
+                for (int64_t e0 = 0; e0 < Ev && fin; e0 += MERGE_PIECE) {
+                    const int64_t ne = Ev - e0 < MERGE_PIECE ? Ev - e0 : MERGE_PIECE;
+                    float y[MERGE_PIECE];
+                    fin = merge_piece(po + s0 * Ev + e0, Ev, w, nc, inv, ne, y);
+                    for (int64_t e = 0; e < ne && fin; ++e)
+                        sdpa__out_put(p, orow, e0 + e, y[e]);
                 }
                 if (!fin) {
                     sdpa__fallback_row_double(p, &c.drop, b, h, i, acc, orow, NULL, lrow);
