@@ -117,11 +117,14 @@ static void region_work(region *r, int thread_index) {
 typedef struct region_arg {
     region *r;
     int thread_index;
+    atomic_int *left; /* the built-in threads that have finished their region_work */
 } region_arg;
 
 static void *thread_main(void *arg) {
     region_arg *a = (region_arg *)arg;
+    atomic_int *left = a->left;
     region_work(a->r, a->thread_index);
+    atomic_fetch_add_explicit(left, 1, memory_order_release); /* touches nothing of the call after this */
     return NULL;
 }
 
@@ -166,15 +169,24 @@ void sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph,
     }
     pthread_t tid[SDPA__MAX_THREADS];
     region_arg args[SDPA__MAX_THREADS];
+    atomic_int left;
+    atomic_init(&left, 0);
     int started = 0;
     for (int t = 1; t < nthreads; ++t) {
         args[t].r = &r;
         args[t].thread_index = t;
+        args[t].left = &left;
         if (pthread_create(&tid[t], NULL, thread_main, &args[t]) != 0)
             break; /* fewer threads: the tasks still all run, on the threads we have */
         started = t;
     }
     region_work(&r, 0);
+    /* Wait for the threads' last tasks awake (as region_work waits for a phase), then join: a
+     * joiner asleep in the kernel wakes late on a VM (its vCPU halted), and the join itself is
+     * then short (the threads are exiting). */
+    for (int spins = 0; atomic_load_explicit(&left, memory_order_acquire) < started;)
+        if (++spins > 64)
+            sched_yield();
     for (int t = 1; t <= started; ++t)
         pthread_join(tid[t], NULL);
 }
