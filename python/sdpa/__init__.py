@@ -13,7 +13,7 @@ __array_interface__; float32, float16, bfloat16) are passed to the library as vi
 copied or converted; results are torch tensors for torch inputs. Errors raise sdpa.SdpaError
 subclasses carrying the status and the library's message. The library is found through
 $SDPA_LIBRARY, then the copy bundled with an installed package (pip), then this checkout's
-build*/ directories, then the system loader (see sdpa._lib), and must be libsdpa 0.x with
+build*/ directories (only from inside a checkout), then the system loader (see sdpa._lib), and must be libsdpa 0.x with
 x >= 5.
 """
 from ._errors import (STATUS_NAMES, SdpaArgumentError, SdpaDtypeError, SdpaError,

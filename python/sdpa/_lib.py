@@ -8,7 +8,9 @@ The library is looked up, in this order:
    ``pip install .`` / ``python3 -m build`` (meson-python) bundles;
 3. the build tree of the checkout this package lives in: ``libsdpa.so*`` under the
    ``build*/`` directories of the repository root (``python/sdpa/../..``), preferring libraries
-   whose file name carries a compatible version, then ``build/``, then the newest;
+   whose file name carries a compatible version, then ``build/``, then the newest; only when
+   the package is inside a libsdpa checkout (``python/`` under a root holding ``meson.build``
+   and ``include/sdpa.h``): a copy of the package elsewhere, or an installed one, skips this;
 4. the system loader: ``ctypes.util.find_library("sdpa")``, else ``libsdpa.so.0``.
 
 It is loaded once per process, on first use (or by ``sdpa.load_library()``); the handle is the
@@ -309,9 +311,19 @@ class Library:
 
 # ------------------------------------------------------------------------------- finding
 
-def repository_root():
-    """The checkout this package sits in (python/sdpa/../..)."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def repository_root(package_dir=None):
+    """The libsdpa checkout this package sits in (python/sdpa/../..), or None when the package
+    is not inside one (a copy next to an application, an installed wheel): the directory
+    above must be named ``python`` and the root must hold ``meson.build`` and
+    ``include/sdpa.h``, so that a copy of the package never loads an unrelated directory's
+    ``build*/libsdpa.so``."""
+    package_dir = package_dir or os.path.dirname(os.path.abspath(__file__))
+    python_dir = os.path.dirname(package_dir)
+    root = os.path.dirname(python_dir)
+    if (os.path.basename(python_dir) == "python" and os.path.isfile(os.path.join(root, "meson.build"))
+            and os.path.isfile(os.path.join(root, "include", "sdpa.h"))):
+        return root
+    return None
 
 
 _SONAME_VERSION = re.compile(r"libsdpa\.so\.(\d+)\.(\d+)\.(\d+)$")
@@ -338,8 +350,11 @@ def _asan_loaded():
 def build_tree_candidates(root=None, expected=None):
     """libsdpa.so* files under root/build*/ (one per real file), best first: a file name with a
     compatible version before others, then build/ itself, then the newest. Sanitizer builds are
-    left out unless the ASan runtime is already loaded (they would abort the interpreter)."""
+    left out unless the ASan runtime is already loaded (they would abort the interpreter).
+    None of them when the package is not inside a checkout (repository_root())."""
     root = root or repository_root()
+    if root is None:
+        return []
     seen = {}
     for pattern in ("build*/libsdpa.so", "build*/libsdpa.so.*"):
         for path in glob.glob(os.path.join(root, pattern)):
@@ -391,6 +406,26 @@ def find_library():
     return (system or "libsdpa.so.0"), "system loader"
 
 
+def _load_hint(origin):
+    """What to do when the library found via `origin` does not load: only the places that
+    find_library() consulted before it are named (SDPA_LIBRARY wins over every other)."""
+    if origin == "SDPA_LIBRARY":
+        return ("SDPA_LIBRARY is looked at first and, when set, alone: correct it to the path "
+                "of a libsdpa.so, or unset it to use the package's bundled copy, a checkout's "
+                "build tree or the system's.")
+    if origin == "system loader":
+        root = repository_root()
+        tree = (f", no libsdpa.so* under {os.path.join(root, 'build*')}" if root is not None
+                else " (this package is not inside a libsdpa checkout, so no build tree is searched)")
+        return ("Looked in: SDPA_LIBRARY (unset), the package's directory "
+                f"{os.path.dirname(os.path.abspath(__file__))} (no bundled libsdpa.so){tree}, "
+                "then the system loader. Build it (meson setup build && ninja -C build in the "
+                "checkout), install it (meson install, or pip install . for a wheel that bundles "
+                "it), or set SDPA_LIBRARY=/path/to/libsdpa.so.")
+    return ("The file was found but did not load (a broken or foreign copy?): rebuild it, or "
+            "set SDPA_LIBRARY=/path/to/libsdpa.so.")
+
+
 def load(path=None, origin=None, expected=None):
     """Load libsdpa from `path` (default: find_library()) and check its version against
     `expected` (default EXPECTED_VERSION). Returns a Library; does not cache it."""
@@ -402,13 +437,8 @@ def load(path=None, origin=None, expected=None):
     try:
         cdll = ctypes.CDLL(path)
     except OSError as e:
-        tried = ("the SDPA_LIBRARY environment variable, the package's bundled libsdpa.so in "
-                 f"{os.path.dirname(os.path.abspath(__file__))}, libsdpa.so* under "
-                 f"{os.path.join(repository_root(), 'build*')}, the system loader")
-        raise SdpaLibraryError(
-            f"cannot load libsdpa from {path} (found via {origin}): {e}. Looked in: {tried}. "
-            "Build it (meson setup build && ninja -C build) or set "
-            "SDPA_LIBRARY=/path/to/libsdpa.so") from None
+        raise SdpaLibraryError(f"cannot load libsdpa from {path} (found via {origin}): {e}. "
+                               + _load_hint(origin)) from None
     lib = Library(cdll, path, origin)
     if not version_compatible(lib.version, expected):
         raise SdpaVersionError(

@@ -290,6 +290,37 @@ class LoadingTest(unittest.TestCase):
         self.assertIn("/nonexistent/libsdpa.so", str(cm.exception))
         self.assertIn("SDPA_LIBRARY", str(cm.exception))
 
+    def test_load_hint_names_what_was_consulted(self):
+        # SDPA_LIBRARY set: only it was tried; the fix is to correct or unset it.
+        with self.assertRaises(sdpa.SdpaLibraryError) as cm:
+            _lib.load("/nonexistent/libsdpa.so", "SDPA_LIBRARY")
+        msg = str(cm.exception)
+        self.assertIn("unset it", msg)
+        self.assertNotIn("bundled libsdpa.so)", msg)
+        self.assertNotIn("meson setup build", msg)
+        with self.assertRaises(sdpa.SdpaLibraryError) as cm:
+            _lib.load("libsdpa-nonexistent.so.0", "system loader")
+        self.assertIn("Looked in: SDPA_LIBRARY (unset)", str(cm.exception))
+
+    def test_build_tree_only_inside_a_checkout(self):
+        # A copy of the package next to an application must not load <parent>/build*/libsdpa.so.
+        root = tempfile.mkdtemp()
+        try:
+            for d in ("app/sdpa", "build-unrelated", "co/python/sdpa", "co/include", "co/build"):
+                os.makedirs(os.path.join(root, d))
+            open(os.path.join(root, "build-unrelated", "libsdpa.so"), "w").close()
+            self.assertIsNone(_lib.repository_root(os.path.join(root, "app", "sdpa")))
+            self.assertIsNone(_lib.repository_root(os.path.join(root, "co", "python", "sdpa")))
+            for f in ("co/meson.build", "co/include/sdpa.h", "co/build/libsdpa.so"):
+                open(os.path.join(root, f), "w").close()
+            self.assertEqual(_lib.repository_root(os.path.join(root, "co", "python", "sdpa")),
+                             os.path.join(root, "co"))
+            # the package's own checkout is one
+            here = os.path.dirname(os.path.abspath(_lib.__file__))
+            self.assertEqual(_lib.repository_root(here), os.path.dirname(os.path.dirname(here)))
+        finally:
+            shutil.rmtree(root)
+
     def test_build_tree_candidates(self):
         root = tempfile.mkdtemp()
         try:
