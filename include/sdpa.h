@@ -718,7 +718,9 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_attention(const sdpa_tensor *q, const s
 /**
  * Bytes of workspace sdpa_attention() needs for these shapes, strides and options
  * (including options->num_threads). It never grows with B*H*L*S: per thread it is
- * O(rows_per_block * S + S * (E + Ev)) floats.
+ * O(rows_per_block * S + S * (E + Ev)) floats. It is the same in every process for the same
+ * arguments and CPU count (num_threads = 0): sized for the most threads the call may use,
+ * whatever start-up cost a process measured (a call that starts fewer needs less).
  * @param weights_requested nonzero if the call will pass a weights output.
  * @param bytes [out] the size.
  * @retval SDPA_OK or any validation error of sdpa_attention() that depends only on

@@ -49,8 +49,10 @@ static size_t exec_bytes(const sdpa__exec_plan *x) {
 }
 
 sdpa_status sdpa__attention_workspace_bytes(const char *fn, const sdpa__plan *p, size_t *bytes) {
+    sdpa__plan sp = *p; /* sized for the most threads (sdpa__thread_work_scale): the same in every process */
+    sp.exec.sizing = true;
     sdpa__exec_plan x;
-    sdpa_status st = sdpa__exec_plan_make(fn, p, &x);
+    sdpa_status st = sdpa__exec_plan_make(fn, &sp, &x);
     if (st != SDPA_OK)
         return st;
     const size_t b = sdpa__add_sat(exec_bytes(&x), SDPA__WS_ALIGN_SLACK);

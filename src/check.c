@@ -233,7 +233,7 @@ int sdpa__check_threads(const sdpa__plan *p) {
     if (p->rules.has_mask || p->rules.has_bias)
         scan += (double)p->B * (double)p->Hq * (double)p->L * (double)p->S;
     int64_t t = p->num_threads < SDPA__MAX_THREADS ? p->num_threads : SDPA__MAX_THREADS;
-    const double most = scan / (2e6 * sdpa__thread_work_scale(&p->exec)); /* (threads.c) */
+    const double most = scan / (2e6 * sdpa__thread_work_scale(&p->exec, p->num_threads)); /* (threads.c) */
     if ((double)t > most)
         t = (int64_t)most;
     if (t > p->B * p->Hkv)

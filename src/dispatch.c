@@ -4,7 +4,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <threads.h>
+#include <pthread.h>
 
 /* [isa][dtype]; NULL where not compiled in (lookup falls back to a lower ISA). */
 static const sdpa__mk *const g_tables[SDPA__ISA_COUNT][SDPA__MK_DTYPE_COUNT] = {
@@ -42,7 +42,9 @@ static const sdpa__mk_bf16 *const g_bf16_tables[SDPA__ISA_COUNT] = {
 #endif
 };
 
-static once_flag g_once = ONCE_FLAG_INIT;
+/* pthread_once, not C11 call_once: ThreadSanitizer does not see glibc's call_once (a false race
+ * report on a concurrent first call); cpu.c and threads.c do the same. */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static sdpa__isa g_cpu_isa = SDPA__ISA_PORTABLE;     /* best the CPU (and the build) supports */
 static sdpa__isa g_process_isa = SDPA__ISA_PORTABLE; /* g_cpu_isa capped by SDPA_MAX_ISA */
 static atomic_int g_test_cap = -1;                   /* sdpa__dispatch_set_max_isa_for_testing */
@@ -78,7 +80,7 @@ static void detect(void) {
 }
 
 sdpa__isa sdpa__dispatch_isa(void) {
-    call_once(&g_once, detect);
+    pthread_once(&g_once, detect);
     const int cap = atomic_load_explicit(&g_test_cap, memory_order_relaxed);
     if (cap >= 0)
         return cap < (int)g_cpu_isa ? (sdpa__isa)cap : g_cpu_isa;

@@ -1,4 +1,4 @@
-/* Instruction-set dispatch (dispatch.c): the ISA is chosen once per process (call_once): the
+/* Instruction-set dispatch (dispatch.c): the ISA is chosen once per process (pthread_once): the
  * best the CPU supports (AVX-512F, else AVX2 with FMA, else portable C), capped by the
  * environment variable SDPA_MAX_ISA ("portable", "avx2" or "avx512"), which is read once, at
  * the first call that needs a micro-kernel. Micro-kernel tables are looked up by [isa][dtype]:

@@ -150,6 +150,7 @@ typedef struct sdpa__exec {
     sdpa_parallel_for_fn hook;
     void *hook_ctx;
     sdpa_threadpool *pool;
+    bool sizing; /* a workspace-size query: plan for the most threads a call may use (below) */
 } sdpa__exec;
 
 /* The sink of head h of a plan-like sinks pointer: -inf = none. */
@@ -277,10 +278,13 @@ typedef struct sdpa__phase sdpa__phase;
 void sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph, int nph);
 /* How many times more work a thread must get before a call starts one of its own: the kernels'
  * and checks' per-thread minimums (written for about 20 us of work each) times this. 1 with a
- * caller's pool or hook (its threads exist); else the cost of starting and joining a thread
- * (measured once per process, or SDPA_THREAD_START_US) over 20 us, in [1, 16]. Results never
- * depend on it (they are the same for every thread count). */
-double sdpa__thread_work_scale(const sdpa__exec *ex);
+ * caller's pool or hook (its threads exist), for a call of at most one thread (threads: the
+ * plan's num_threads; nothing is measured then) and for a workspace-size query (ex->sizing: the
+ * size is the same in every process, and at least what any call with those options needs);
+ * else the cost of starting and joining a thread (measured once per process, or
+ * SDPA_THREAD_START_US) over 20 us, in [1, 16]. Results never depend on it (they are the same
+ * for every thread count). */
+double sdpa__thread_work_scale(const sdpa__exec *ex, int64_t threads);
 /* threadpool.c: run job(ctx, k) for k in [0, njobs), njobs <= sdpa_threadpool_size(pool), one
  * per pool thread (job 0 on the calling thread); returns when all are done. Serialized. */
 void sdpa__threadpool_run(sdpa_threadpool *pool, int njobs, void (*job)(void *ctx, int64_t k), void *ctx);

@@ -101,7 +101,7 @@ static int decode_threads(const sdpa__plan *p) {
     const double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
     /* Memory traffic matters as much as arithmetic here: count K and V bytes too. */
     const double bytes = 4.0 * (double)p->B * (double)p->Hkv * (double)p->S * (double)(p->E + p->Ev);
-    const double cap = (flops / 4e6 + bytes / 2e6) / sdpa__thread_work_scale(&p->exec); /* (threads.c) */
+    const double cap = (flops / 4e6 + bytes / 2e6) / sdpa__thread_work_scale(&p->exec, p->num_threads); /* (threads.c) */
     int64_t t = p->num_threads < SDPA__MAX_THREADS ? p->num_threads : SDPA__MAX_THREADS;
     if (t > d.items)
         t = d.items;

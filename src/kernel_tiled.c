@@ -110,7 +110,7 @@ static int tiled_threads(const sdpa__plan *p) {
     /* About 4 MFLOP per thread at least (times the cost of starting one, threads.c): below
      * that, a thread costs more than it saves. */
     const double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
-    double cap = flops / (4e6 * sdpa__thread_work_scale(&p->exec));
+    double cap = flops / (4e6 * sdpa__thread_work_scale(&p->exec, p->num_threads));
     int64_t t = p->num_threads < SDPA__MAX_THREADS ? p->num_threads : SDPA__MAX_THREADS;
     if (t > tasks)
         t = tasks;

@@ -47,9 +47,11 @@ static void measure_start(void) {
     g_start_s = best < 5e-6 ? 5e-6 : best > 1e-3 ? 1e-3 : best;
 }
 
-double sdpa__thread_work_scale(const sdpa__exec *ex) {
+double sdpa__thread_work_scale(const sdpa__exec *ex, int64_t threads) {
     if (ex != NULL && (ex->pool != NULL || ex->hook != NULL))
         return 1.0; /* the caller's threads are there already */
+    if (threads <= 1 || (ex != NULL && ex->sizing))
+        return 1.0; /* no thread to start; or a size that must not depend on a measurement */
     pthread_once(&g_start_once, measure_start);
     const double s = g_start_s / 20e-6;
     return s < 1.0 ? 1.0 : s > 16.0 ? 16.0 : s;

@@ -243,7 +243,9 @@ static sdpa_status layout(const char *fn, const sdpa__plan *p, const sdpa_option
 
 sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, const sdpa_options *o, size_t *bytes) {
     varlen_ws w;
-    const sdpa_status st = layout(fn, p, o, &w, NULL);
+    sdpa__plan sp = *p; /* sized for the most threads, as sdpa__attention_workspace_bytes */
+    sp.exec.sizing = true;
+    const sdpa_status st = layout(fn, &sp, o, &w, NULL);
     if (st == SDPA_OK)
         *bytes = w.total;
     return st;

@@ -7,7 +7,8 @@
  *   test_thread_start 0        no cost: the small call starts its thread (0.5.0's rule)
  *   test_thread_start measure  the probe: whatever it measured, the results are the same
  *   test_thread_start abc      not a number in [0, 1000]: ignored, so the library probes
- * Every call's output must equal, bit for bit, the same call with num_threads = 1. */
+ * Every call's output must equal, bit for bit, the same call with num_threads = 1, and the
+ * workspace size must not depend on the cost. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -62,6 +63,26 @@ static long run(const shape *sh, const float *q, const float *k, const float *v,
     return g_creates;
 }
 
+/* sdpa_attention_workspace_size of the shape's call at num_threads (pool: with it). */
+static size_t ws_size(const shape *sh, int threads, sdpa_threadpool *pool) {
+    const int64_t qs[4] = {sh->B, sh->H, sh->L, sh->E}, ks[4] = {sh->B, sh->H, sh->S, sh->E};
+    static float dummy[1];
+    sdpa_tensor tq, tk, tv, to;
+    if (sdpa_tensor_init(&tq, dummy, 4, qs) != SDPA_OK || sdpa_tensor_init(&tk, dummy, 4, ks) != SDPA_OK ||
+        sdpa_tensor_init(&tv, dummy, 4, ks) != SDPA_OK || sdpa_tensor_init(&to, dummy, 4, qs) != SDPA_OK)
+        return 0;
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.num_threads = threads;
+    o.threadpool = pool;
+    o.causal = 1;
+    o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    size_t n = 0;
+    const sdpa_status st = sdpa_attention_workspace_size(&tq, &tk, &tv, &o, 0, &n);
+    CHECK(st == SDPA_OK, "%s: workspace size: %s", sh->name, sdpa_last_error_message());
+    return n;
+}
+
 static float *filled(size_t n, unsigned seed) {
     float *x = malloc(n * sizeof *x);
     for (size_t i = 0; i < n; ++i) {
@@ -88,13 +109,19 @@ int main(int argc, char **argv) {
         {"small decode (1,8,1,2048,64)", 1, 8, 1, 2048, 64},
         {"large prefill (2,8,256,256,64)", 2, 8, 256, 256, 64},
     };
-    /* The first call that plans threads probes the start-up cost (3 empty threads) unless the
-     * environment gave it; no later call probes again. */
+    /* A call of one thread never probes; the first call that may use more probes the start-up
+     * cost (3 empty threads) unless the environment gave it; no later call probes again. A
+     * workspace-size query never probes either. */
     {
         const shape warm = {"warm-up (1,1,8,8,8)", 1, 1, 8, 8, 8};
         float *x = filled(64, 3u), *y = calloc(64, sizeof *y);
-        const long first = run(&warm, x, x, x, y, 1, NULL), again = run(&warm, x, x, x, y, 1, NULL);
-        CHECK(first == (probes ? 3 : 0), "the first call created %ld threads", first);
+        g_creates = 0;
+        (void)ws_size(&warm, 2, NULL);
+        CHECK(g_creates == 0, "a workspace-size query created %ld threads", (long)g_creates);
+        const long one = run(&warm, x, x, x, y, 1, NULL);
+        const long first = run(&warm, x, x, x, y, 2, NULL), again = run(&warm, x, x, x, y, 2, NULL);
+        CHECK(one == 0, "the first call, num_threads = 1, created %ld threads", one);
+        CHECK(first == (probes ? 3 : 0), "the first 2-thread call created %ld threads", first);
         CHECK(again == 0, "a second call created %ld threads (the probe runs once)", again);
         free(x);
         free(y);
@@ -106,6 +133,11 @@ int main(int argc, char **argv) {
         const size_t nq = (size_t)(sh->B * sh->H * sh->L * sh->E), nk = (size_t)(sh->B * sh->H * sh->S * sh->E);
         float *q = filled(nq, 1u + (unsigned)c), *k = filled(nk, 7u), *v = filled(nk, 11u);
         float *o1 = calloc(nq, sizeof *o1), *o2 = calloc(nq, sizeof *o2), *op = calloc(nq, sizeof *op);
+        /* The workspace size does not depend on the start-up cost (the same in every process):
+         * it is what the call needs at the most threads, as with a pool of that size. */
+        const size_t w2 = ws_size(sh, 2, NULL), wp = ws_size(sh, 2, pool);
+        CHECK(w2 == wp && w2 > 0, "%s: workspace %zu without a pool, %zu with one (start cost %s us)", sh->name, w2,
+              wp, mode);
         const long c1 = run(sh, q, k, v, o1, 1, NULL);
         const long c2 = run(sh, q, k, v, o2, 2, NULL);
         const long cp = run(sh, q, k, v, op, 2, pool);
