@@ -40,45 +40,50 @@ typedef struct shape {
     int64_t B, H, L, S, E;
 } shape;
 
-/* One call of the shape at num_threads (pool: through it); returns the library's thread
- * creations during the call; out gets the result. */
+/* The views and options of the shape's call at num_threads (pool: through it); false (and a
+ * failure counted) if a view cannot be made. */
+typedef struct call {
+    sdpa_tensor q, k, v, out;
+    sdpa_options o;
+} call;
+
+static int make_call(const shape *sh, const float *q, const float *k, const float *v, float *out, int threads,
+                     sdpa_threadpool *pool, call *c) {
+    const int64_t qs[4] = {sh->B, sh->H, sh->L, sh->E}, ks[4] = {sh->B, sh->H, sh->S, sh->E};
+    if (sdpa_tensor_init(&c->q, (float *)q, 4, qs) != SDPA_OK || sdpa_tensor_init(&c->k, (float *)k, 4, ks) != SDPA_OK ||
+        sdpa_tensor_init(&c->v, (float *)v, 4, ks) != SDPA_OK || sdpa_tensor_init(&c->out, out, 4, qs) != SDPA_OK) {
+        CHECK(0, "%s: tensor init: %s", sh->name, sdpa_last_error_message());
+        return 0;
+    }
+    sdpa_options_init(&c->o);
+    c->o.num_threads = threads;
+    c->o.threadpool = pool;
+    c->o.causal = 1;
+    c->o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+    return 1;
+}
+
+/* One call of the shape; returns the library's thread creations during the call; out gets
+ * the result. */
 static long run(const shape *sh, const float *q, const float *k, const float *v, float *out, int threads,
                 sdpa_threadpool *pool) {
-    const int64_t qs[4] = {sh->B, sh->H, sh->L, sh->E}, ks[4] = {sh->B, sh->H, sh->S, sh->E};
-    sdpa_tensor tq, tk, tv, to;
-    if (sdpa_tensor_init(&tq, (float *)q, 4, qs) != SDPA_OK || sdpa_tensor_init(&tk, (float *)k, 4, ks) != SDPA_OK ||
-        sdpa_tensor_init(&tv, (float *)v, 4, ks) != SDPA_OK || sdpa_tensor_init(&to, out, 4, qs) != SDPA_OK) {
-        CHECK(0, "%s: tensor init: %s", sh->name, sdpa_last_error_message());
+    call c;
+    if (!make_call(sh, q, k, v, out, threads, pool, &c))
         return -1;
-    }
-    sdpa_options o;
-    sdpa_options_init(&o);
-    o.num_threads = threads;
-    o.threadpool = pool;
-    o.causal = 1;
-    o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
     g_creates = 0;
-    const sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+    const sdpa_status st = sdpa_attention(&c.q, &c.k, &c.v, &c.o, &c.out, NULL, NULL);
     CHECK(st == SDPA_OK, "%s: %s", sh->name, sdpa_last_error_message());
     return g_creates;
 }
 
-/* sdpa_attention_workspace_size of the shape's call at num_threads (pool: with it). */
+/* sdpa_attention_workspace_size of the shape's call (no data is read). */
 static size_t ws_size(const shape *sh, int threads, sdpa_threadpool *pool) {
-    const int64_t qs[4] = {sh->B, sh->H, sh->L, sh->E}, ks[4] = {sh->B, sh->H, sh->S, sh->E};
     static float dummy[1];
-    sdpa_tensor tq, tk, tv, to;
-    if (sdpa_tensor_init(&tq, dummy, 4, qs) != SDPA_OK || sdpa_tensor_init(&tk, dummy, 4, ks) != SDPA_OK ||
-        sdpa_tensor_init(&tv, dummy, 4, ks) != SDPA_OK || sdpa_tensor_init(&to, dummy, 4, qs) != SDPA_OK)
+    call c;
+    if (!make_call(sh, dummy, dummy, dummy, dummy, threads, pool, &c))
         return 0;
-    sdpa_options o;
-    sdpa_options_init(&o);
-    o.num_threads = threads;
-    o.threadpool = pool;
-    o.causal = 1;
-    o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
     size_t n = 0;
-    const sdpa_status st = sdpa_attention_workspace_size(&tq, &tk, &tv, &o, 0, &n);
+    const sdpa_status st = sdpa_attention_workspace_size(&c.q, &c.k, &c.v, &c.o, 0, &n);
     CHECK(st == SDPA_OK, "%s: workspace size: %s", sh->name, sdpa_last_error_message());
     return n;
 }
