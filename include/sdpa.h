@@ -541,7 +541,11 @@ typedef struct sdpa_options {
      *  each other, so running them one after the other on the calling thread is valid. With a
      *  hook the library creates no thread. Results are bit-identical to the built-in threads
      *  for any thread count (ONNX Runtime's ThreadPool::TrySimpleParallelFor, ggml's
-     *  threadpool). Setting both this and `threadpool` is SDPA_ERR_INVALID_ARGUMENT. */
+     *  threadpool). Setting both this and `threadpool` is SDPA_ERR_INVALID_ARGUMENT. A hook
+     *  found breaking the contract (a task number outside [0, ntasks) or run twice: refused,
+     *  not run; a task not run; returning while the call's work is unfinished) makes the call
+     *  return SDPA_ERR_INVALID_ARGUMENT with the outputs undefined (a hook that runs nothing
+     *  leaves them untouched). */
     sdpa_parallel_for_fn parallel_for;
     void *parallel_for_ctx; /**< first argument of every parallel_for call */
     /** A caller-owned sdpa_threadpool (nullable; see sdpa_threadpool_create()). The call runs

@@ -49,8 +49,7 @@ static size_t exec_bytes(const sdpa__exec_plan *x) {
 }
 
 sdpa_status sdpa__attention_workspace_bytes(const char *fn, const sdpa__plan *p, size_t *bytes) {
-    sdpa__plan sp = *p; /* sized for the most threads (sdpa__thread_work_scale): the same in every process */
-    sp.exec.sizing = true;
+    const sdpa__plan sp = sdpa__sizing_plan(p);
     sdpa__exec_plan x;
     sdpa_status st = sdpa__exec_plan_make(fn, &sp, &x);
     if (st != SDPA_OK)
@@ -72,8 +71,10 @@ static sdpa_status run_region(const sdpa__plan *p, const sdpa__exec_plan *x, uns
     sdpa__check_begin(&chk, p, check_kv, tws, x->thread_bytes, x->threads, &ph[0]);
     x->kernel->prepare(p, ws, tws, x->thread_bytes, &w);
     ph[1] = (sdpa__phase){w.items, w.item, w.ctx, NULL, NULL};
-    sdpa__run_phases(&p->exec, x->threads, ph, 2);
-    sdpa_status st = sdpa__check_end(&chk);
+    sdpa_status st = sdpa__run_phases(&p->exec, x->threads, ph, 2);
+    if (st != SDPA_OK)
+        return st; /* a hook that broke its contract: the checks and items may not have run */
+    st = sdpa__check_end(&chk);
     if (st == SDPA_OK)
         st = w.finish(w.ctx);
     return st;

@@ -203,8 +203,8 @@ static sdpa_status check_run(const sdpa__plan *p, const sdpa__mk *mk, int thread
     check_begin(&c, p, mk, check_kv, ntasks, (unsigned char *)ws, per_thread(p), threads, &ph);
     if ((int64_t)threads > ntasks)
         threads = (int)ntasks;
-    sdpa__run_phases(&p->exec, threads, &ph, 1);
-    return check_end(&c);
+    const sdpa_status st = sdpa__run_phases(&p->exec, threads, &ph, 1);
+    return st != SDPA_OK ? st : check_end(&c);
 }
 
 static sdpa_status report(const check_err *e) {

@@ -191,6 +191,14 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
                             const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
                             const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o);
 
+/* The plan a workspace-size query sizes: p with exec.sizing set (the most threads a call with
+ * p's options may use, sdpa__thread_work_scale), so the size is the same in every process. */
+static inline sdpa__plan sdpa__sizing_plan(const sdpa__plan *p) {
+    sdpa__plan sp = *p;
+    sp.exec.sizing = true;
+    return sp;
+}
+
 /* ---- varlen.c: packed variable-length batches (0.5, options->cu_seqlens_q) ---- */
 
 /* The checks of a packed call that plan.c makes before the shapes (q [1, Hq, total_q, E]; the
@@ -273,9 +281,11 @@ typedef struct sdpa__phase sdpa__phase;
  * thread included, thread_index < nthreads), started once (own threads, or the caller's hook /
  * pool: nthreads workers handed to it, each with its worker number as thread_index; the
  * library creates no thread then); every task of phase k finishes (and its writes are visible)
- * before any task of phase k + 1 starts. Never fails: threads that cannot be created leave
- * their share to the others. */
-void sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph, int nph);
+ * before any task of phase k + 1 starts. Threads that cannot be created leave their share to
+ * the others. Fails only through a caller's hook that broke its contract (a job number out of
+ * range or run twice is refused, not run; a job not run, or the hook returning before its jobs
+ * did): SDPA_ERR_INVALID_ARGUMENT, the region's work then possibly incomplete. */
+sdpa_status sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph, int nph);
 /* How many times more work a thread must get before a call starts one of its own: the kernels'
  * and checks' per-thread minimums (written for about 20 us of work each) times this. 1 with a
  * caller's pool or hook (its threads exist), for a call of at most one thread (threads: the

@@ -73,7 +73,17 @@ typedef struct region {
     int nph;
     atomic_llong next[SDPA__MAX_PHASES], done[SDPA__MAX_PHASES];
     atomic_int open; /* phases [0, open) may be claimed; open > nph: the region is over */
+    int njobs;                               /* the jobs handed to a pool or hook: [0, njobs) */
+    atomic_uchar ran[SDPA__MAX_THREADS];     /* job k has been started (a hook runs each once) */
+    atomic_int bad_job;                      /* a job number out of range or run twice (-1: none) */
 } region;
+
+/* The wait of a thread on another's progress: spin, then (the machine may be shared) give the
+ * core to the thread we wait for. */
+static void relax(int *spins) {
+    if (++*spins > 64)
+        sched_yield();
+}
 
 /* Phase k is complete: its gate, then open the next phase that has tasks (or end the region). */
 static void phase_complete(region *r, int k) {
@@ -98,10 +108,8 @@ static void phase_complete(region *r, int k) {
 static void region_work(region *r, int thread_index) {
     for (int k = 0; k < r->nph; ++k) {
         int open, spins = 0;
-        while ((open = atomic_load_explicit(&r->open, memory_order_acquire)) <= k) {
-            if (++spins > 64) /* the machine may be shared: give the core to the thread we wait for */
-                sched_yield();
-        }
+        while ((open = atomic_load_explicit(&r->open, memory_order_acquire)) <= k)
+            relax(&spins);
         if (open > r->nph)
             return;
         const sdpa__phase *ph = &r->ph[k];
@@ -130,11 +138,21 @@ static void *thread_main(void *arg) {
     return NULL;
 }
 
-static void region_job(void *ctx, int64_t k) { region_work((region *)ctx, (int)k); }
-
-void sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph, int nph) {
-    if (nph <= 0)
+/* Job k of a pool or hook: its thread_index is k, which selects per-thread scratch, so a job
+ * number out of [0, njobs) or one run twice (a hook breaking its contract) is refused, not run. */
+static void region_job(void *ctx, int64_t k) {
+    region *r = (region *)ctx;
+    if (k < 0 || k >= r->njobs || atomic_exchange_explicit(&r->ran[k], 1, memory_order_relaxed)) {
+        int none = -1;
+        atomic_compare_exchange_strong(&r->bad_job, &none, k < 0 || k >= r->njobs ? -2 : (int)k);
         return;
+    }
+    region_work(r, (int)k);
+}
+
+sdpa_status sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph, int nph) {
+    if (nph <= 0)
+        return SDPA_OK;
     if (nph > SDPA__MAX_PHASES)
         nph = SDPA__MAX_PHASES; /* internal callers stay below; never more */
     region r;
@@ -152,22 +170,45 @@ void sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph,
     else
         phase_complete(&r, 0);
     if (atomic_load_explicit(&r.open, memory_order_relaxed) > nph)
-        return; /* no task in any phase that is open */
+        return SDPA_OK; /* no task in any phase that is open */
     if (nthreads > SDPA__MAX_THREADS)
         nthreads = SDPA__MAX_THREADS;
     if ((int64_t)nthreads > most)
         nthreads = (int)most;
     if (nthreads <= 1) {
         region_work(&r, 0);
-        return;
+        return SDPA_OK;
     }
+    r.njobs = nthreads;
+    for (int k = 0; k < nthreads; ++k)
+        atomic_init(&r.ran[k], 0);
+    atomic_init(&r.bad_job, -1);
     if (ex != NULL && ex->pool != NULL) {
         sdpa__threadpool_run(ex->pool, nthreads, region_job, &r);
-        return;
+        return SDPA_OK;
     }
     if (ex != NULL && ex->hook != NULL) {
         ex->hook(ex->hook_ctx, nthreads, region_job, &r);
-        return;
+        const int bad = atomic_load_explicit(&r.bad_job, memory_order_relaxed);
+        if (bad == -2)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
+                              "sdpa_attention: the parallel_for hook ran a task number outside [0, %d) (the "
+                              "outputs are undefined)", nthreads);
+        if (bad >= 0)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
+                              "sdpa_attention: the parallel_for hook ran task %d twice (each of [0, %d) runs "
+                              "exactly once; the outputs are undefined)", bad, nthreads);
+        for (int k = 0; k < nthreads; ++k)
+            if (!atomic_load_explicit(&r.ran[k], memory_order_relaxed))
+                return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
+                                  "sdpa_attention: the parallel_for hook returned without running task %d (it "
+                                  "must run every task in [0, %d) exactly once; the outputs are undefined)", k,
+                                  nthreads);
+        if (atomic_load_explicit(&r.open, memory_order_acquire) <= nph)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
+                              "sdpa_attention: the parallel_for hook returned before its tasks had returned "
+                              "(the outputs are undefined)");
+        return SDPA_OK;
     }
     pthread_t tid[SDPA__MAX_THREADS];
     region_arg args[SDPA__MAX_THREADS];
@@ -187,8 +228,8 @@ void sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__phase *ph,
      * joiner asleep in the kernel wakes late on a VM (its vCPU halted), and the join itself is
      * then short (the threads are exiting). */
     for (int spins = 0; atomic_load_explicit(&left, memory_order_acquire) < started;)
-        if (++spins > 64)
-            sched_yield();
+        relax(&spins);
     for (int t = 1; t <= started; ++t)
         pthread_join(tid[t], NULL);
+    return SDPA_OK;
 }

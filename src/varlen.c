@@ -243,8 +243,7 @@ static sdpa_status layout(const char *fn, const sdpa__plan *p, const sdpa_option
 
 sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, const sdpa_options *o, size_t *bytes) {
     varlen_ws w;
-    sdpa__plan sp = *p; /* sized for the most threads, as sdpa__attention_workspace_bytes */
-    sp.exec.sizing = true;
+    const sdpa__plan sp = sdpa__sizing_plan(p);
     const sdpa_status st = layout(fn, &sp, o, &w, NULL);
     if (st == SDPA_OK)
         *bytes = w.total;
@@ -328,7 +327,12 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     sdpa__phase ph[3] = {{ctasks, units_task, &cus, checks_passed, &g},
                          {itasks, units_task, &ius, inline_checks_passed, &g},
                          {ktasks, units_task, &kus, NULL, NULL}};
-    sdpa__run_phases(&p->exec, w.threads, ph, 3);
+    st = sdpa__run_phases(&p->exec, w.threads, ph, 3);
+    if (st != SDPA_OK) { /* a hook that broke its contract */
+        free(sq);
+        free(owned);
+        return st;
+    }
 
     int64_t first_bad = -1;
     sdpa_status bad_st = SDPA_OK;

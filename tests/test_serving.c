@@ -980,6 +980,99 @@ static void pool_after_fork(void **state) {
     prob_free(&P);
 }
 
+/* Hooks that break the contract (every task in [0, ntasks) exactly once, returning after the
+ * last): each mode is SDPA_ERR_INVALID_ARGUMENT naming the hook, and no task number outside
+ * [0, ntasks) or run twice reaches the region (its thread index selects per-thread scratch:
+ * ASan would see the overrun). Before the check, such a hook got SDPA_OK and a wrong output. */
+typedef struct badhook {
+    int mode; /* 0 none, 1 skip task 0, 2 task 0 twice, 3 task ntasks too, 4 task -1 too */
+    int calls;
+} badhook;
+static void bad_hook(void *ctx, int64_t ntasks, sdpa_task_fn task, void *task_ctx) {
+    badhook *h = (badhook *)ctx;
+    h->calls++;
+    if (h->mode == 0)
+        return;
+    if (h->mode == 3)
+        task(task_ctx, ntasks);
+    if (h->mode == 4)
+        task(task_ctx, -1);
+    for (int64_t t = h->mode == 1 ? 1 : 0; t < ntasks; ++t)
+        task(task_ctx, t);
+    if (h->mode == 2)
+        task(task_ctx, 0);
+}
+
+static void broken_hooks_are_reported(void **state) {
+    (void)state;
+    struct { int64_t B, Hq, Hkv, L, S; int kernel; } cases[] = {
+        {2, 8, 8, 200, 300, SDPA_KERNEL_TILED},
+        {1, 16, 16, 1, 4096, SDPA_KERNEL_DECODE},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        prob P;
+        prob_init(&P, cases[c].B, cases[c].Hq, cases[c].Hkv, cases[c].L, cases[c].S, 64, 64);
+        const int64_t no = P.B * P.Hq * P.L * P.Ev, nl = P.B * P.Hq * P.L;
+        float *out = fbuf(no), *lse = fbuf(nl);
+        for (int mode = 0; mode < 5; ++mode) {
+            badhook h = {mode, 0};
+            runcfg rc = {.kernel = cases[c].kernel, .hook = bad_hook, .hook_ctx = &h, .hook_threads = 4};
+            for (int64_t t = 0; t < no; ++t)
+                out[t] = 12345.0f;
+            if (run(&P, &rc, out, lse) != SDPA_ERR_INVALID_ARGUMENT)
+                fail_msg("case %zu mode %d: not SDPA_ERR_INVALID_ARGUMENT", c, mode);
+            assert_true(h.calls > 0);
+            if (strstr(sdpa_last_error_message(), "parallel_for hook") == NULL)
+                fail_msg("case %zu mode %d: message %s", c, mode, sdpa_last_error_message());
+            if (mode == 0) /* nothing ran: nothing written */
+                for (int64_t t = 0; t < no; ++t)
+                    if (out[t] != 12345.0f)
+                        fail_msg("case %zu: out[%lld] written by a call whose hook ran nothing", c, (long long)t);
+        }
+        badhook good = {5, 0}; /* the same hook keeping the contract */
+        runcfg rc = {.kernel = cases[c].kernel, .hook = bad_hook, .hook_ctx = &good, .hook_threads = 4};
+        assert_int_equal(run(&P, &rc, out, lse), SDPA_OK);
+        expect_close(&P, out, lse, 3e-5, "contract-keeping hook");
+        free(out); free(lse);
+        prob_free(&P);
+    }
+    /* A packed batch (its checks and items in one region) reports a hook that ran nothing too. */
+    const int64_t Hq = 4, E = 32, TQ = 300, TK = 600;
+    int32_t cuq[3] = {0, 150, 300}, cuk[3] = {0, 300, 600};
+    float *q = fbuf(Hq * TQ * E), *k = fbuf(Hq * TK * E), *v = fbuf(Hq * TK * E), *out = fbuf(Hq * TQ * E);
+    for (int64_t t = 0; t < Hq * TK * E; ++t)
+        k[t] = v[t] = (float)(t % 7) * 0.125f;
+    for (int64_t t = 0; t < Hq * TQ * E; ++t)
+        q[t] = (float)(t % 5) * 0.25f;
+    sdpa_tensor tq, tk, tv, to;
+    const int64_t qs[4] = {1, Hq, TQ, E}, ks[4] = {1, Hq, TK, E};
+    assert_int_equal(sdpa_tensor_init(&tq, q, 4, qs), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tk, k, 4, ks), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tv, v, 4, ks), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&to, out, 4, qs), SDPA_OK);
+    for (int mode = 0; mode < 6; mode += 5) {
+        badhook h = {mode, 0};
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.cu_seqlens_q = cuq;
+        o.cu_seqlens_k = cuk;
+        o.num_seqs = 2;
+        o.causal = 1;
+        o.parallel_for = bad_hook;
+        o.parallel_for_ctx = &h;
+        o.parallel_for_threads = 4;
+        const sdpa_status st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL);
+        assert_true(h.calls > 0);
+        if (mode == 0) {
+            assert_int_equal(st, SDPA_ERR_INVALID_ARGUMENT);
+            assert_non_null(strstr(sdpa_last_error_message(), "parallel_for hook"));
+        } else {
+            assert_int_equal(st, SDPA_OK);
+        }
+    }
+    free(q); free(k); free(v); free(out);
+}
+
 static void pool_and_hook_arguments(void **state) {
     (void)state;
     sdpa_threadpool *pool = (sdpa_threadpool *)(uintptr_t)1;
@@ -1024,6 +1117,7 @@ int main(void) {
         cmocka_unit_test(pool_wait_policies),
         cmocka_unit_test(pool_after_fork),
         cmocka_unit_test(pool_and_hook_arguments),
+        cmocka_unit_test(broken_hooks_are_reported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
