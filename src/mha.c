@@ -344,9 +344,13 @@ static void attn_setup(const mha_plan *pl, unsigned char *ws, bool out_n_major, 
 static sdpa_status rewrap(const char *fn, sdpa_status st) {
     char inner[400];
     snprintf(inner, sizeof inner, "%s", sdpa_last_error_message());
-    const char *hint = st == SDPA_ERR_NON_FINITE
-                           ? " (the projected q/k/v hold NaN or Inf: from the query/key/value inputs, the projection weights or biases, bias_k/bias_v, or a float32 overflow in the projection)"
-                           : "";
+    const char *hint = "";
+    if (st == SDPA_ERR_NON_FINITE)
+        hint = strstr(inner, ": bias at (") != NULL /* the check's bias message: the caller's mask */
+                   ? " (the bias is options->attn_bias: a float mask that holds NaN or +Inf on a pair no "
+                     "other mask blocks; b, h, i, j index its broadcast [B, H, L, S] form)"
+                   : " (the projected q/k/v hold NaN or Inf: from the query/key/value inputs, the projection "
+                     "weights or biases, bias_k/bias_v, or a float32 overflow in the projection)";
     return sdpa__fail(st, "%s: attention over the projected heads: %s%s", fn, inner, hint);
 }
 

@@ -51,11 +51,32 @@ def _to_numpy(value, key):
     return array
 
 
+def _float32_mask(mask, name):
+    """An additive MHA mask as float32 (sdpa_mha_forward computes float32 only): float16 and
+    bfloat16 masks are widened exactly (a copy of the mask); float32 is used as given."""
+    if mask.dtype == np.float32:
+        return mask
+    if mask.dtype == np.float16:
+        return mask.astype(np.float32)
+    if is_bf16(mask.dtype):  # bfloat16 bits are the high half of a float32
+        return (mask.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    raise py_error("SDPA_ERR_DTYPE", f"a float {name} must be float32, float16 or bfloat16, got {mask.dtype}")
+
+
+def _check_dropout(p, name="dropout"):
+    """A dropout probability as torch accepts it: a real number in [0, 1]."""
+    p = real(p, name)
+    if not 0.0 <= p <= 1.0:
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                       f"{name}={p} must be in [0, 1] (a probability, as torch.nn.MultiheadAttention's)")
+    return p
+
+
 def _check_mask_dtype(mask, name):
     """MultiheadAttention masks are bool (True = IGNORE) or float (additive), as in
     torch.nn.MultiheadAttention, which rejects other dtypes. An integer mask is refused rather
     than read as an ignore-mask: a Hugging Face attention_mask (1 = keep) would flip polarity."""
-    if mask.dtype == np.bool_ or mask.dtype.kind == "f":
+    if mask.dtype == np.bool_ or mask.dtype.kind == "f" or is_bf16(mask.dtype):
         return
     raise py_error("SDPA_ERR_DTYPE",
                    f"{name}.dtype={mask.dtype}, expected bool (True = ignore the key, as "
@@ -69,7 +90,8 @@ class MultiheadAttention:
     """torch.nn.MultiheadAttention in numpy, computed by libsdpa (sdpa_mha_forward).
 
     Constructor arguments as PyTorch's (embed_dim, num_heads, dropout, bias, add_bias_kv,
-    add_zero_attn, kdim, vdim, batch_first), plus num_kv_heads (GQA/MQA: H % num_kv_heads
+    add_zero_attn, kdim, vdim, batch_first, device: None or "cpu", dtype: None or float32;
+    dropout in [0, 1], used only when training, where 1 is refused), plus num_kv_heads (GQA/MQA: H % num_kv_heads
     == 0) and head_dim (default embed_dim // num_heads) for Llama-style layers, which take
     separate q/k/v_proj_weight of shapes [H*Dh, E], [Hkv*Dh, kdim], [Hkv*Dh, vdim] and
     out_proj.weight [E, H*Dh]. Load the weights with load_state_dict() (or pass state_dict=),
@@ -87,8 +109,14 @@ class MultiheadAttention:
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
-                 add_zero_attn=False, kdim=None, vdim=None, batch_first=False, *,
-                 num_kv_heads=None, head_dim=None, state_dict=None, num_threads=0):
+                 add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None,
+                 dtype=None, *, num_kv_heads=None, head_dim=None, state_dict=None, num_threads=0):
+        if device is not None and str(device) != "cpu":
+            raise py_error("SDPA_ERR_UNSUPPORTED", f"device={device!r}: libsdpa computes on the CPU "
+                           "(None or 'cpu')")
+        if dtype is not None and str(dtype) not in ("float32", "torch.float32", "<class 'numpy.float32'>"):
+            raise py_error("SDPA_ERR_DTYPE", f"dtype={dtype!r}: sdpa_mha_forward computes float32 "
+                           "(None, torch.float32 or numpy.float32)")
         self.embed_dim = integer(embed_dim, "embed_dim")
         self.num_heads = integer(num_heads, "num_heads")
         if self.embed_dim <= 0 or self.num_heads <= 0:
@@ -110,7 +138,7 @@ class MultiheadAttention:
         self.add_bias_kv = bool(add_bias_kv)
         self.add_zero_attn = bool(add_zero_attn)
         self.batch_first = bool(batch_first)
-        self.dropout = real(dropout, "dropout")
+        self.dropout = _check_dropout(dropout)
         self.training = False
         self.dropout_seed = 0
         self.dropout_offset = 0
@@ -182,7 +210,9 @@ class MultiheadAttention:
         module (duck-typed: torch is not imported). The weights are the module's own float32
         parameters, viewed without a copy (later in-place updates to them are seen; other
         dtypes are converted once). The layer takes the module's mode (module.training) and
-        dropout, so from_torch(m)(x, x, x) computes what m(x, x, x) does."""
+        dropout, so in eval mode from_torch(m)(x, x, x) computes what m(x, x, x) does; when
+        training, the dropped weights come from libsdpa's own deterministic stream (not
+        torch's) and the returned weights are the pre-dropout ones."""
         needed = ("embed_dim", "num_heads", "dropout", "batch_first", "add_zero_attn", "kdim",
                   "vdim", "in_proj_bias", "bias_k", "out_proj", "state_dict")
         missing = [a for a in needed if not hasattr(module, a)]
@@ -266,12 +296,15 @@ class MultiheadAttention:
         query [L, B, E] (batch_first=False, the default) or [B, L, E]; key [S, B, kdim] /
         [B, S, kdim]; value likewise with vdim; unbatched [L, E] / [S, kdim] inputs too. Any
         strides, float32, no copies (the [L, B, E] layout is read through strides).
-        key_padding_mask [B, S]: bool True = IGNORE that key (PyTorch's polarity), or float32
-            additive.
+        key_padding_mask [B, S]: bool True = IGNORE that key (PyTorch's polarity), or float
+            additive (float32, or float16 / bfloat16 widened exactly; added to the scores also
+            beside a bool attn_mask, as torch 2.x: 1.13 read nonzero floats as IGNORE).
         attn_mask [L, S] or [B*num_heads, L, S]: bool True = IGNORE (PyTorch MHA's polarity),
-            or float32 additive (0 / -inf). Bool masks are converted with allow_from_ignore.
-            Integer masks (uint8 included) raise SdpaDtypeError, as torch rejects them: their
-            polarity is ambiguous (a Hugging Face 1 = keep mask is the opposite of IGNORE).
+            or float additive (0 / -inf; float32, float16 or bfloat16). Bool masks are
+            converted with allow_from_ignore. Integer masks (uint8 included) raise
+            SdpaDtypeError, as torch 2.x rejects them (1.13 took uint8 with a deprecation
+            warning): their polarity is ambiguous (a Hugging Face 1 = keep mask is the
+            opposite of IGNORE).
         is_causal: True applies the causal (top-left) rule itself, with or without attn_mask
             (PyTorch treats it as a hint that attn_mask is causal: the results agree).
         need_weights: return the attention probabilities, [B, L, S'] averaged over heads
@@ -295,6 +328,7 @@ class MultiheadAttention:
         if key.ndim != query.ndim or value.ndim != query.ndim:
             raise py_error("SDPA_ERR_RANK",
                            f"query.ndim={query.ndim}, key.ndim={key.ndim}, value.ndim={value.ndim} must be equal")
+        self._check_shapes(query, key, value, batched)
         if not batched:
             q, k, v = query[None], key[None], value[None]
         elif self.batch_first:
@@ -332,6 +366,7 @@ class MultiheadAttention:
             kpm = kpm if batched else kpm[None]
             _check_mask_dtype(kpm, "key_padding_mask")
             if is_additive(kpm, "key_padding_mask"):
+                kpm = _float32_mask(kpm, "key_padding_mask")
                 if kpm.ndim != 2:
                     raise py_error("SDPA_ERR_SHAPE",
                                    f"key_padding_mask has shape {kpm.shape}, expected [B, S]")
@@ -356,6 +391,7 @@ class MultiheadAttention:
                 raise py_error("SDPA_ERR_RANK",
                                f"attn_mask.ndim={am.ndim}, expected 2 ([L, S]) or 3 ([B*H, L, S])")
             if is_additive(am, "attn_mask"):
+                am = _float32_mask(am, "attn_mask")
                 bias_arr = am if bias_arr is None else np.add(bias_arr, am, dtype=np.float32)
             else:
                 allow_mask = allow_from_ignore(am)
@@ -366,9 +402,16 @@ class MultiheadAttention:
         ql = attach_vector(opt, "query_lengths", query_lengths, B, "query_lengths")
         opt.causal = 1 if is_causal else 0
         opt.per_head_weights = 0 if average_attn_weights else 1
-        # dropout_p goes to the library as set, in eval mode too: it rejects a value outside
-        # [0, 1) (NaN included) whether or not training, and ignores it when not training.
-        dropout_p = real(self.dropout, "dropout")
+        # As torch: dropout in [0, 1] (checked again here: the attribute may have been set),
+        # ignored in eval mode (the library then gets 0); when training, 1 (every weight
+        # dropped) is refused: the library's dropout_p is in [0, 1).
+        dropout_p = _check_dropout(self.dropout)
+        if not self.training:
+            dropout_p = 0.0
+        elif dropout_p == 1.0:
+            raise py_error("SDPA_ERR_INVALID_ARGUMENT", "dropout=1.0 when training drops every "
+                           "attention weight; libsdpa takes dropout in [0, 1) when training (eval() "
+                           "ignores it)")
         drops = self.training and dropout_p > 0.0
         opt.training = 1 if self.training else 0
         opt.dropout_p = dropout_p
@@ -388,6 +431,32 @@ class MultiheadAttention:
             if weights is not None:
                 weights = weights[0]
         return out_user, (None if weights is None else wrap(weights, like))
+
+    def _check_shapes(self, query, key, value, batched):
+        """The shapes in the layout as passed (the library sees [B, L, E] views of [L, B, E]
+        arrays, so its messages would name the view's axes, not the caller's)."""
+        if batched:
+            b = 0 if self.batch_first else 1
+            n = 1 - b
+            layout = ("query [B, L, E], key [B, S, kdim], value [B, S, vdim]" if self.batch_first
+                      else "query [L, B, E], key [S, B, kdim], value [S, B, vdim]")
+            layout += f" (batch_first={self.batch_first})"
+        else:
+            b, n = None, 0
+            layout = "query [L, E], key [S, kdim], value [S, vdim] (unbatched)"
+        for name, a, want, what in (("query", query, self.embed_dim, "embed_dim"),
+                                    ("key", key, self.kdim, "kdim"), ("value", value, self.vdim, "vdim")):
+            if a.shape[-1] != want:
+                raise py_error("SDPA_ERR_SHAPE", f"{name}.shape[{a.ndim - 1}]={a.shape[-1]} must be "
+                               f"{what}={want}; expected {layout}")
+        if b is not None:
+            for name, a, other, o in (("key", key, "query", query), ("value", value, "key", key)):
+                if a.shape[b] != o.shape[b]:
+                    raise py_error("SDPA_ERR_SHAPE", f"{name}.shape[{b}]={a.shape[b]} does not match "
+                                   f"{other}.shape[{b}]={o.shape[b]} (the batch B); expected {layout}")
+        if value.shape[n] != key.shape[n]:
+            raise py_error("SDPA_ERR_SHAPE", f"value.shape[{n}]={value.shape[n]} does not match "
+                           f"key.shape[{n}]={key.shape[n]} (the key count S); expected {layout}")
 
     def _params(self, lib):
         """(SdpaMhaParams, views) for the loaded weights; keep `views` alive during the call."""

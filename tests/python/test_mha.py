@@ -11,6 +11,7 @@ import reference as ref
 from reference import randn, ref_mha
 
 import sdpa
+from sdpa._arrays import BF16
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -171,7 +172,7 @@ class MhaReferenceTest(unittest.TestCase):
         x = randn(g, 2, 1, 8)
         with self.assertRaises(sdpa.SdpaShapeError) as cm:
             layer(x, x[..., :6], x)
-        self.assertIn("sdpa_mha", cm.exception.message)
+        self.assertIn("key.shape[2]=6 must be kdim=8", cm.exception.message)
         with self.assertRaises(sdpa.SdpaDtypeError):
             layer(x.astype(np.float64), x, x)
         with self.assertRaises(sdpa.SdpaValueError) as cm:
@@ -259,17 +260,32 @@ class MhaArgumentTest(unittest.TestCase):
               key_padding_mask=np.zeros((2, 3), np.float32))
 
     def test_invalid_dropout_is_rejected_in_both_modes(self):
-        # The library rejects dropout_p outside [0, 1) even with training = 0; the wrapper used
-        # to send 0 instead whenever the layer would not drop.
-        for p in (-0.5, float("nan"), 1.0, 1.5):
-            layer, x = self.layer(dropout=p)
-            for training in (True, False):
-                with self.subTest(p=p, training=training):
-                    layer.train(training)
-                    with self.assertRaises(sdpa.SdpaArgumentError) as cm:
-                        layer(x, x, x)
-                    self.assertIn("dropout_p", cm.exception.message)
-                    self.assertEqual(layer.dropout_offset, 0)
+        # A probability outside [0, 1] (NaN included) is refused when the layer is built (it
+        # used to construct and fail at the first call), and at a call in either mode when the
+        # attribute was set later.
+        for p in (-0.5, float("nan"), 1.5):
+            with self.subTest(p=p), self.assertRaises(sdpa.SdpaArgumentError) as cm:
+                self.layer(dropout=p)
+            self.assertIn("dropout", cm.exception.message)
+        for training in (True, False):
+            layer, x = self.layer()
+            layer.train(training)
+            layer.dropout = -0.5
+            with self.subTest(training=training), self.assertRaises(sdpa.SdpaArgumentError):
+                layer(x, x, x)
+            self.assertEqual(layer.dropout_offset, 0)
+        # p = 1 is torch's valid "drop everything": eval mode ignores it (as torch, which used to
+        # fail here); training refuses it (libsdpa's dropout_p is < 1) with a message saying so.
+        layer, x = self.layer(dropout=1.0)
+        y1, w1 = layer(x, x, x)
+        y0, w0 = self.layer()[0](x, x, x)
+        np.testing.assert_array_equal(y1, y0)
+        np.testing.assert_array_equal(w1, w0)
+        layer.train()
+        with self.assertRaises(sdpa.SdpaArgumentError) as cm:
+            layer(x, x, x)
+        self.assertIn("dropout=1.0 when training", cm.exception.message)
+        self.assertEqual(layer.dropout_offset, 0)
         # an attribute set after construction is checked the same way
         layer, x = self.layer()
         layer.train()
@@ -287,6 +303,66 @@ class MhaArgumentTest(unittest.TestCase):
         layer.eval()
         np.testing.assert_array_equal(layer(x, x, x)[0], y0)
         self.assertEqual(layer.dropout_offset, 0)
+
+    def test_shape_errors_name_the_axes_as_passed(self):
+        # [L, B, E] inputs reach the library as [B, L, E] views: its messages named the
+        # view's axes (key.shape[0] for the batch of a [S, B, kdim] key).
+        g = ref.rng(22)
+        layer = sdpa.MultiheadAttention(8, 2, state_dict=make_state_dict(g, 8, 2))
+        q = np.zeros((4, 2, 8), np.float32)
+        cases = [((q, np.zeros((6, 1, 8), np.float32), np.zeros((6, 1, 8), np.float32)),
+                  "key.shape[1]=1 does not match query.shape[1]=2 (the batch B)"),
+                 ((q, np.zeros((6, 2, 8), np.float32), np.zeros((5, 2, 8), np.float32)),
+                  "value.shape[0]=5 does not match key.shape[0]=6 (the key count S)"),
+                 ((q, np.zeros((6, 2, 8), np.float32), np.zeros((6, 3, 8), np.float32)),
+                  "value.shape[1]=3 does not match key.shape[1]=2 (the batch B)"),
+                 ((np.zeros((4, 2, 7), np.float32), q, q), "query.shape[2]=7 must be embed_dim=8")]
+        for args, want in cases:
+            with self.subTest(want=want), self.assertRaises(sdpa.SdpaShapeError) as cm:
+                layer(*args)
+            self.assertIn(want, cm.exception.message)
+            self.assertIn("[S, B, kdim]", cm.exception.message)
+        layer.batch_first = True
+        with self.assertRaises(sdpa.SdpaShapeError) as cm:
+            layer(np.zeros((2, 4, 8), np.float32), np.zeros((1, 6, 8), np.float32),
+                  np.zeros((1, 6, 8), np.float32))
+        self.assertIn("key.shape[0]=1 does not match query.shape[0]=2", cm.exception.message)
+        with self.assertRaises(sdpa.SdpaShapeError) as cm:   # unbatched
+            layer(np.zeros((4, 8), np.float32), np.zeros((6, 8), np.float32), np.zeros((5, 8), np.float32))
+        self.assertIn("value.shape[0]=5 does not match key.shape[0]=6", cm.exception.message)
+
+    def test_16_bit_float_masks(self):
+        # A bfloat16 mask was refused as an integer mask (numpy carries it as int16), a float16
+        # one failed in C naming options->attn_bias: both are widened to float32 (exact).
+        layer, x = self.layer()
+        am = np.triu(np.full((3, 3), -np.inf, np.float32), 1)
+        am[0, 0] = -1.5
+        kpm = np.array([[0, -2.0, 0], [0, 0, -np.inf]], np.float32)
+        want = layer(x, x, x, attn_mask=am, key_padding_mask=kpm)
+        bf = lambda a: (a.view(np.uint32) >> 16).astype(np.uint16).view(BF16)  # exact here
+        for conv in (lambda a: a.astype(np.float16), bf):
+            got = layer(x, x, x, attn_mask=conv(am), key_padding_mask=conv(kpm))
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+        with self.assertRaises(sdpa.SdpaDtypeError) as cm:
+            layer(x, x, x, attn_mask=am.astype(np.float64))
+        self.assertIn("float32 (or float16/bfloat16)", cm.exception.message)
+
+    def test_torch_constructor_keywords(self):
+        g = ref.rng(23)
+        sd = make_state_dict(g, 8, 2)
+        for kw in ({"device": None}, {"device": "cpu"}, {"dtype": None}, {"dtype": np.float32},
+                   {"dtype": "float32"}):
+            with self.subTest(**{k: str(v) for k, v in kw.items()}):
+                sdpa.MultiheadAttention(8, 2, state_dict=sd, **kw)
+        with self.assertRaises(sdpa.SdpaError):
+            sdpa.MultiheadAttention(8, 2, device="cuda")
+        with self.assertRaises(sdpa.SdpaDtypeError):
+            sdpa.MultiheadAttention(8, 2, dtype=np.float64)
+        if torch is not None:
+            sdpa.MultiheadAttention(8, 2, state_dict=sd, device=torch.device("cpu"), dtype=torch.float32)
+            with self.assertRaises(sdpa.SdpaDtypeError):
+                sdpa.MultiheadAttention(8, 2, dtype=torch.float16)
 
     def test_constructor_argument_types(self):
         g = ref.rng(21)
