@@ -289,8 +289,10 @@ typedef enum sdpa_empty_rows {
     /** Fail with SDPA_ERR_EMPTY_ROW before writing anything, naming the first such row. */
     SDPA_EMPTY_ROWS_ERROR = 0,
     /** Write a zero output row, lse = -inf and zero probabilities (PyTorch >= 2.5,
-     *  FlashAttention, ONNX Attention errata #8068); score stages of `weights` keep their
-     *  scores (SDPA_WEIGHTS_MASKED: all -inf). */
+     *  FlashAttention-3 and FlashAttention-2's split-KV path, ONNX Attention errata #8068;
+     *  FlashAttention-2's plain forward writes lse = +inf there, which sdpa_merge reads as
+     *  -inf); with sinks lse is the sink. Score stages of `weights` keep their scores
+     *  (SDPA_WEIGHTS_MASKED: all -inf). */
     SDPA_EMPTY_ROWS_ZERO = 1,
     SDPA_EMPTY_ROWS_FORCE_INT32_ = 0x7FFFFFFF
 } sdpa_empty_rows;
@@ -881,9 +883,17 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_
  *     out[r, :] = (wa * out_a[r, :] + wb * out_b[r, :]) / (wa + wb)
  *     lse[r]    = m + log(wa + wb)
  * computed in double precision. A row whose lse on one side is -inf (no allowed key there)
- * takes the other side's values exactly; both -inf gives a zero row and lse = -inf (as
- * sdpa_attention's SDPA_EMPTY_ROWS_ZERO). The result equals sdpa_attention() over A ∪ B
- * up to float32 rounding (as in FlashAttention's split-KV combine).
+ * takes the other side's values exactly (its out row is not read); both -inf gives a zero row
+ * and lse = -inf (as sdpa_attention's SDPA_EMPTY_ROWS_ZERO). An lse of +inf is read as -inf,
+ * as vLLM's merge_attn_states does: FlashAttention-2's forward writes +inf for a row with no
+ * key (FlashAttention-3 and libsdpa write -inf), and no finite scores give +inf. The result
+ * equals sdpa_attention() over A ∪ B up to float32 rounding (as in FlashAttention's split-KV
+ * combine).
+ * Dropout does not split: a part draws its keep decisions by its own (b, h, i, j), so parts
+ * called with the same dropout_seed and dropout_offset drop the same local positions
+ * (correlated masks), and no split reproduces the single call's mask. Give each part its
+ * own dropout_offset: as lse is pre-dropout, the merge is then a valid dropout of the whole
+ * call, with a different mask. Inference splits run without dropout.
  * Attention sinks (sdpa_options.sinks): the sink is one more term of the denominator, so it
  * must be in exactly one part's lse: call one part with the sinks and the others without
  * (a sink in two parts would count twice). A part whose keys are all blocked but which
@@ -899,8 +909,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_
  * @param lse [out] nullable.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
  *         SDPA_ERR_STRIDE, SDPA_ERR_OVERLAP, SDPA_ERR_SIZE_OVERFLOW,
- *         SDPA_ERR_NON_FINITE (lse NaN or +inf, or a non-finite out entry in a row whose lse
- *         is finite), SDPA_ERR_INVALID_ARGUMENT (reserved field not 0)
+ *         SDPA_ERR_NON_FINITE (lse NaN, or a non-finite out entry in a row whose lse is
+ *         finite), SDPA_ERR_INVALID_ARGUMENT (reserved field not 0)
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_merge(const sdpa_tensor *out_a, const sdpa_tensor *lse_a,
                                                const sdpa_tensor *out_b, const sdpa_tensor *lse_b,

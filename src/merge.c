@@ -2,9 +2,10 @@
  *
  * Per row r, with m = max(lse_a, lse_b), wa = exp(lse_a - m), wb = exp(lse_b - m):
  *     out = (wa * out_a + wb * out_b) / (wa + wb),   lse = m + log(wa + wb)
- * in double precision. A side whose lse is -inf (no allowed key there) contributes nothing and
- * its out row is never read: the row takes the other side's values exactly. Both -inf gives a
- * zero row and lse = -inf, as sdpa_attention's SDPA_EMPTY_ROWS_ZERO.
+ * in double precision. A side whose lse is -inf (no allowed key there; +inf is read as -inf,
+ * side_lse) contributes nothing and its out row is never read: the row takes the other side's
+ * values exactly. Both -inf gives a zero row and lse = -inf, as sdpa_attention's
+ * SDPA_EMPTY_ROWS_ZERO.
  *
  * Order: pointers -> each view (dtype, rank, reserved, geometry) -> ranks -> shapes -> output
  * layout -> overlap -> values (non-finite) -> write. Nothing is written before the last check.
@@ -33,6 +34,11 @@ static bool same_view(const sdpa_tensor *x, const sdpa_tensor *y) {
             return false;
     return true;
 }
+
+/* A side's lse as the merge reads it: +inf, FlashAttention-2's lse of a row with no key (its
+ * non-split forward writes +inf there, FA3 -inf), is -inf, as vLLM's merge_attn_states reads
+ * it; a finite float32 score cannot give +inf. The checks and the merge both read it here. */
+static float side_lse(float l) { return l == INFINITY ? -INFINITY : l; }
 
 static const char *describe_value(float x) { return isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf"); }
 
@@ -169,12 +175,12 @@ static sdpa_status check_values(const sdpa_tensor *const v[NVIEWS], int32_t rank
     for (int64_t r = 0; r < rows; ++r, row_iter_next(&it)) {
         for (int side = 0; side < 2; ++side) {
             const int ko = side ? OB : OA, kl = side ? LB : LA;
-            const float l = *fptr(v[kl], it.off[kl]);
+            const float l = side_lse(*fptr(v[kl], it.off[kl]));
             char where[160];
-            if (isnan(l) || l == INFINITY) {
+            if (isnan(l)) {
                 row_name(&it, where, sizeof where);
-                return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: %s at row %s is %s (an lse is finite, or -inf for a row with no key)",
-                                  FN, NAMES[kl], where, describe_value(l));
+                return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: %s at row %s is NaN (an lse is finite, or -inf / +inf for a row with no key)",
+                                  FN, NAMES[kl], where);
             }
             if (l == -INFINITY || ev == 0)
                 continue; /* that side's out row is never read (or has no element) */
@@ -209,7 +215,7 @@ SDPA_API sdpa_status sdpa_merge(const sdpa_tensor *out_a, const sdpa_tensor *lse
     row_iter it;
     row_iter_init(&it, v, rank);
     for (int64_t r = 0; r < rows; ++r, row_iter_next(&it)) {
-        const float la = *fptr(lse_a, it.off[LA]), lb = *fptr(lse_b, it.off[LB]);
+        const float la = side_lse(*fptr(lse_a, it.off[LA])), lb = side_lse(*fptr(lse_b, it.off[LB]));
         /* With Ev = 0 the out views may have NULL data: form no address from them. */
         const float *a = ev > 0 ? fptr(out_a, it.off[OA]) : NULL, *b = ev > 0 ? fptr(out_b, it.off[OB]) : NULL;
         float *o = ev > 0 ? (float *)out->data + it.off[OUT] : NULL;

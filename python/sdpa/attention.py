@@ -110,9 +110,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
         inputs a rank-3 mask is [B, L, S].
     bias: float32 / float16 / bfloat16 additive bias, broadcast like attn_mask; -inf blocks
         the key.
-    causal: None/False = off; True or "top_left" = key j <= query i (PyTorch is_causal,
-        torch.tril); "bottom_right" = j <= i + S_b - L_b (KV-cache decode, FlashAttention).
-        "offsets" = j <= i + query_offsets[b]. ``is_causal`` is accepted as PyTorch's name.
+    causal: None/False = off; True = the causal rule at `alignment` (default "top_left":
+        key j <= query i, PyTorch is_causal, torch.tril; "offsets" when query_offsets are
+        given); "top_left" / "bottom_right" name the alignment too ("bottom_right" = j <= i +
+        S_b - L_b: KV-cache decode, FlashAttention); "offsets" = j <= i + query_offsets[b].
+        ``is_causal`` is accepted as PyTorch's name.
     scale: None = 1/sqrt(E); a positive float replaces it (0 is rejected: the library reads 0
         as "default").
     dropout_p, seed, dropout_offset: dropout on the probabilities that form `out` (p in
@@ -125,7 +127,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
         unbounded on that side. Hugging Face sliding_window=W with causal is (W - 1, 0).
     softcap: None = off; c > 0 caps scores as c * tanh(s / c) before bias and mask.
     empty_rows: "error" (SdpaValueError for a row with no allowed key) or "zero" (zero output
-        row, zero weights, lse = -inf).
+        row, zero weights, lse = -inf; with sinks, lse = the head's sink).
     need_weights / need_lse: also return weights [B, Hq, L, S] (per weights_stage:
         "probabilities", "scores", "softcapped", "masked") / lse [B, Hq, L] (natural log).
     alignment: "top_left" / "bottom_right" / "offsets" for the causal and window rules when
@@ -360,7 +362,9 @@ def merge(out_a, lse_a, out_b, lse_b):
 
     out_a, out_b: float32 [..., Ev], same shape; lse_a, lse_b: float32 [...] (the out shape
     without its last axis). Any strides, no copies. A row whose lse is -inf on one side takes
-    the other side; -inf on both gives a zero row and lse = -inf.
+    the other side; -inf on both gives a zero row and lse = -inf. +inf (FlashAttention-2's lse
+    of a row with no key) is read as -inf, as vLLM's merge_attn_states. Dropout does not
+    split (sdpa_merge in sdpa.h): give each part its own dropout_offset.
     Returns (out, lse), new arrays."""
     lib = _lib.get()
     like = kind_of(out_a)

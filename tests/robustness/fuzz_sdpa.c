@@ -728,7 +728,11 @@ static void fuzz_merge(rd *r)
         int64_t li[8] = {0};
         for (int d = 0; d < vr - 1; ++d)
             li[d] = idx[d];
-        const double xa = at_out(&la.t, li), xb = at_out(&lb.t, li), m = xa > xb ? xa : xb;
+        /* +inf reads as -inf (a row with no key, FlashAttention-2's convention; header) */
+        double xa = at_out(&la.t, li), xb = at_out(&lb.t, li);
+        xa = xa == INFINITY ? -INFINITY : xa;
+        xb = xb == INFINITY ? -INFINITY : xb;
+        const double m = xa > xb ? xa : xb;
         double want = 0.0;
         if (m != -INFINITY) {
             const double wa = exp(xa - m), wb = exp(xb - m);
