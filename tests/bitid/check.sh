@@ -1,0 +1,48 @@
+#!/bin/sh
+# Bit-identity check (issue 28): run the bitid harness once per ISA cap (SDPA_MAX_ISA, one
+# process each) and compare its hashes with those recorded in expected.txt (0.5.0 = 9892fff
+# on the recording machine). A cap whose probe line (the tiled kernel's name under that cap)
+# differs from the recorded one is another CPU: skipped, not failed.
+#
+#   tests/bitid/check.sh BITID_EXE [EXPECTED]          compare (exit 1 on a difference)
+#   tests/bitid/check.sh --record BITID_EXE > FILE     print the hashes of this build
+set -u
+record=0
+if [ "${1:-}" = "--record" ]; then record=1; shift; fi
+exe=$1
+expected=${2:-$(dirname "$0")/expected.txt}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+status=0
+compared=0
+for cap in portable avx2 avx512 best; do
+    if [ "$cap" = best ]; then
+        env -u SDPA_MAX_ISA "$exe" > "$tmp/$cap.txt" || { echo "bitid failed under $cap"; exit 1; }
+    else
+        SDPA_MAX_ISA=$cap "$exe" > "$tmp/$cap.txt" || { echo "bitid failed under $cap"; exit 1; }
+    fi
+    if [ $record = 1 ]; then
+        echo "== $cap"
+        cat "$tmp/$cap.txt"
+        continue
+    fi
+    sed -n "/^== $cap\$/,/^== /p" "$expected" | grep -v '^== ' > "$tmp/$cap.want"
+    if [ "$(head -n 1 "$tmp/$cap.want")" != "$(head -n 1 "$tmp/$cap.txt")" ]; then
+        echo "$cap: probe '$(head -n 1 "$tmp/$cap.txt")' differs from the recorded '$(head -n 1 "$tmp/$cap.want")': another CPU, skipped"
+        continue
+    fi
+    compared=$((compared + 1))
+    if diff -u "$tmp/$cap.want" "$tmp/$cap.txt" > "$tmp/$cap.diff"; then
+        echo "$cap: $(wc -l < "$tmp/$cap.txt") lines identical"
+    else
+        echo "$cap: DIFFERENT"
+        cat "$tmp/$cap.diff"
+        status=1
+    fi
+done
+[ $record = 1 ] && exit 0
+if [ $compared = 0 ]; then
+    echo "no cap comparable on this CPU"
+    exit 77
+fi
+exit $status
