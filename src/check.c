@@ -2,7 +2,7 @@
  * ERROR, and the finite check (NaN/Inf in a value that enters out or lse). Which keys a row
  * attends comes from rules.c. */
 #include "internal.h"
-#include "dispatch.h"
+#include "microkernel.h"
 #include "load.h"
 
 #include <math.h>
@@ -245,7 +245,7 @@ size_t sdpa__check_thread_bytes(const sdpa__plan *p) { return per_thread(p); }
 
 void sdpa__check_begin(sdpa__check *c, const sdpa__plan *p, bool check_kv, unsigned char *tws, size_t stride,
                        int threads, sdpa__phase *ph) {
-    check_begin(c, p, sdpa__dispatch_mk(SDPA__MK_F32), check_kv, p->B * p->Hkv, tws, stride, threads, ph);
+    check_begin(c, p, p->ctx.mk, check_kv, p->B * p->Hkv, tws, stride, threads, ph);
 }
 
 size_t sdpa__check_workspace_bytes(const sdpa__plan *p, int threads) {
@@ -253,5 +253,5 @@ size_t sdpa__check_workspace_bytes(const sdpa__plan *p, int threads) {
 }
 
 sdpa_status sdpa__check_values(const sdpa__plan *p, bool check_kv, int threads, void *ws) {
-    return check_run(p, sdpa__dispatch_mk(SDPA__MK_F32), threads, check_kv, p->B * p->Hkv, ws);
+    return check_run(p, p->ctx.mk, threads, check_kv, p->B * p->Hkv, ws);
 }

@@ -156,6 +156,45 @@ typedef struct sdpa__exec {
 /* The sink of head h of a plan-like sinks pointer: -inf = none. */
 static inline float sdpa__sink(const float *sinks, int64_t h) { return sinks != NULL ? sinks[h] : -INFINITY; }
 
+/* ---- context.c: the call context (0.6; DESIGN.md section 7) ---- */
+
+/* Everything of a call that depends on the process's ISA (and the AMX permission) or on the
+ * storage dtypes of q, k, v and out, resolved once, in the plan (sdpa__ctx_make): every later
+ * stage reads plan->ctx and never consults dispatch, the environment or a dtype field. A new
+ * storage dtype is a loader, conversions, micro-kernel entries and the entries of this struct
+ * that the builder fills for it (src/kernel.h says where). Members are pointers into constant
+ * tables: the context is copied with the plan (a packed batch's sequences). */
+struct sdpa__mk;
+struct sdpa__mk_kv;
+struct sdpa__mk_bf16;
+typedef struct sdpa__ctx {
+    const struct sdpa__mk *mk;     /* float32 micro-kernels of the call's ISA (microkernel.h) */
+    const struct sdpa__convert *cv; /* conversions of the call's ISA (convert.h; loaders, write-back) */
+    /* Tiled kernel: the score and P.V operations. score16: scores by bf16 dot products on raw
+     * bf16 q and k (REDUCED), else NULL (float32 lanes_gemm on the loaders' f32 rows); pv16: P
+     * rounded to bf16 and P.V by bf16 dot products (REDUCED, bf16 v), else NULL. */
+    const struct sdpa__mk_bf16 *score16, *pv16;
+    void (*tiles_begin)(void), (*tiles_end)(void); /* the column's (AMX) around an item's tiles */
+    bool fusable;   /* score16 == pv16 and it has softmax_pack (the fused step, kernel_tiled.c) */
+    int64_t tile_q, tile_k;         /* tiled: query rows per item, keys per tile */
+    int64_t tile_q_size, tile_k_size; /* what a workspace-size query sizes for (>= tile_q, tile_k,
+                                       * whatever column a later call of the process gets) */
+    bool pv16_size;                 /* ... and for pv16's pairs (REDUCED with bf16 v) */
+    /* Decode kernel: scores by bf16 dot products (REDUCED, bf16 q and k) or NULL; the rows
+     * kernels on K and V as stored and their f32 column (for the loaders' f32 copies); bytes
+     * per stored K and V element. */
+    const struct sdpa__mk_bf16 *dot16;
+    const struct sdpa__mk_kv *kv_k, *kv_v, *kv_f32;
+    ptrdiff_t k_elem, v_elem;
+    const char *tiled_name, *decode_name, *decode_split_name; /* sdpa_last_kernel() stems */
+    const char *dtype_tag;          /* sdpa_last_kernel()'s dtype part ("", "-f16", ...) */
+    /* Row write-back: out's element size, one element (rounded once, nearest even), and a run
+     * of n contiguous floats narrowed to out's dtype (NULL: out is float32, stored as is). */
+    size_t out_elem;
+    void (*out_put)(void *row, int64_t at, float x);
+    void (*out_narrow)(const float *src, int64_t n, uint16_t *dst, ptrdiff_t stride);
+} sdpa__ctx;
+
 /* ---- attention plan shared by attention.c and the kernels ---- */
 
 typedef struct sdpa__plan {
@@ -180,7 +219,14 @@ typedef struct sdpa__plan {
     const float *sinks;                     /* [Hq] sink logits (NULL = none), softmax only */
     sdpa__exec exec;                        /* where tasks run: own threads, hook or pool */
     int precision;                          /* sdpa_precision (DEFAULT resolved to F32) */
+    sdpa__ctx ctx;                          /* the call context (context.c), built last */
 } sdpa__plan;
+
+/* The call context of a validated plan (its views, loaders and precision set): the process's
+ * ISA (dispatch.c) and the dtypes' entries. Called by sdpa__plan_make only. */
+void sdpa__ctx_make(sdpa__ctx *c, const sdpa__plan *p);
+/* The ISA part only (mk, cv), for entries without an attention plan (sdpa_kv_write). */
+void sdpa__ctx_make_base(sdpa__ctx *c);
 
 /* ---- plan.c: validated shapes, views and rules; no kernel knowledge ---- */
 
@@ -342,29 +388,17 @@ static inline void *sdpa__out_row(const sdpa__plan *p, int64_t b, int64_t h, int
     if (p->out.data == NULL || p->Ev == 0) /* an empty out (Ev = 0): its strides were never checked */
         return NULL;
     const int64_t off = b * p->out.strides[0] + h * p->out.strides[1] + i * p->out.strides[2];
-    return (char *)p->out.data + off * (p->out.dtype == SDPA_DTYPE_F32 ? 4 : 2);
+    return (char *)p->out.data + off * (int64_t)p->ctx.out_elem;
 }
-/* Element d of an out row = x, rounded once (nearest even) to out's dtype (sdpa__f32_to_f16 /
- * sdpa__f32_to_bf16 of convert.h: the same bits on every ISA). */
+/* Element d of an out row = x, rounded once (nearest even) to out's dtype (the context's
+ * out_put: sdpa__f32_to_f16 / sdpa__f32_to_bf16 of convert.h, the same bits on every ISA). */
 static inline void sdpa__out_put(const sdpa__plan *p, void *orow, int64_t d, float x) {
-    const int64_t at = d * p->out.strides[3];
-    if (p->out.dtype == SDPA_DTYPE_F32)
-        ((float *)orow)[at] = x;
-    else if (p->out.dtype == SDPA_DTYPE_F16)
-        ((uint16_t *)orow)[at] = sdpa__f32_to_f16(x);
-    else
-        ((uint16_t *)orow)[at] = sdpa__f32_to_bf16(x);
+    p->ctx.out_put(orow, d * p->out.strides[3], x);
 }
-/* The dtype part of sdpa_last_kernel(): "" when q, k and v are float32 (the 0.3 names), else
- * the storage dtype of K and V ("-f16", "-bf16", "-f32" for an f32 cache with a reduced q), or
- * "-mixed" when K and V differ. out and bias dtypes are not named. */
-static inline const char *sdpa__dtype_tag(const sdpa__plan *p) {
-    if (p->q.dtype == SDPA_DTYPE_F32 && p->k.dtype == SDPA_DTYPE_F32 && p->v.dtype == SDPA_DTYPE_F32)
-        return "";
-    if (p->k.dtype != p->v.dtype)
-        return "-mixed";
-    return p->k.dtype == SDPA_DTYPE_F16 ? "-f16" : p->k.dtype == SDPA_DTYPE_BF16 ? "-bf16" : "-f32";
-}
+/* The dtype part of sdpa_last_kernel() (the context's dtype_tag): "" when q, k and v are
+ * float32 (the 0.3 names), else the storage dtype of K and V ("-f16", "-bf16", "-f32" for an
+ * f32 cache with a reduced q), or "-mixed" when K and V differ. out and bias are not named. */
+static inline const char *sdpa__dtype_tag(const sdpa__plan *p) { return p->ctx.dtype_tag; }
 /* Every element of an out row = 0 (padding, empty rows). */
 static inline void sdpa__out_zero_row(const sdpa__plan *p, void *orow) {
     for (int64_t d = 0; d < p->Ev; ++d)
@@ -375,8 +409,5 @@ static inline void sdpa__out_zero_row(const sdpa__plan *p, void *orow) {
 static inline size_t sdpa__add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
 static inline size_t sdpa__mul_sat(size_t a, size_t b) { return (b != 0 && a > SIZE_MAX / b) ? SIZE_MAX : a * b; }
 static inline size_t sdpa__align64(size_t x) { return x > SIZE_MAX - 63u ? SIZE_MAX : (x + 63u) & ~(size_t)63u; }
-
-/* Micro-kernel set (src/microkernel*.c): chosen per call, see microkernel.h. */
-struct sdpa__mk;
 
 #endif

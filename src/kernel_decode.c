@@ -31,7 +31,7 @@
  * non-finite rows are float32 overflows of finite inputs and are recomputed in double. The
  * cache is read once in the common case. */
 #include "kernel.h"
-#include "dispatch.h"
+#include "dispatch.h" /* the sdpa__mk_bf16 type (the context resolved which one) */
 #include "load.h"
 
 #include <float.h>
@@ -600,22 +600,15 @@ static sdpa_status decode_finish(void *vctx);
 static void decode_prepare(const sdpa__plan *p, void *shared, unsigned char *tws, size_t tstride, sdpa__work *w) {
     dctx *c = (dctx *)shared;
     c->p = p;
-    c->mk = sdpa__dispatch_mk(SDPA__MK_F32);
-    c->mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
-                      p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
-                  ? sdpa__dispatch_mk_bf16()
-                  : NULL;
-    c->kv_f32 = sdpa__dispatch_mk_kv(SDPA_DTYPE_F32);
-    c->kvk = c->mk16 != NULL ? NULL : sdpa__dispatch_mk_kv(p->k.dtype);
-    c->kvv = sdpa__dispatch_mk_kv(p->v.dtype);
-    if (c->kvv == NULL)
-        c->kvv = c->kv_f32; /* (validation admits f32, f16, bf16 only) */
-    if (c->kvk == NULL && c->mk16 == NULL)
-        c->kvk = c->kv_f32;
+    c->mk = p->ctx.mk;
+    c->mk16 = p->ctx.dot16;
+    c->kv_f32 = p->ctx.kv_f32;
+    c->kvk = p->ctx.kv_k;
+    c->kvv = p->ctx.kv_v;
     c->kes[0] = (ptrdiff_t)sizeof(float);
-    c->kes[1] = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)p->k.dtype);
+    c->kes[1] = p->ctx.k_elem;
     c->ves[0] = (ptrdiff_t)sizeof(float);
-    c->ves[1] = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)p->v.dtype);
+    c->ves[1] = p->ctx.v_elem;
     c->d = decode_plan(p);
     c->lay = make_layout(p, &c->d);
     c->spread = p->k.block_size > 0 ? decode_threads(p) : 1; /* paged pools (dense: no gain measured) */
@@ -727,10 +720,7 @@ static sdpa_status decode_finish(void *vctx) {
                 if (lrow)
                     *lrow = (float)(M + log(lt));
             }
-    if (c.mk16 != NULL)
-        sdpa__set_kernel_path(nc > 1 ? c.mk16->decode_split_name : c.mk16->decode_name, sdpa__dtype_tag(p));
-    else
-        sdpa__set_kernel_path(nc > 1 ? mk->decode_split_name : mk->decode_name, sdpa__dtype_tag(p));
+    sdpa__set_kernel_path(nc > 1 ? p->ctx.decode_split_name : p->ctx.decode_name, sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 

@@ -14,7 +14,7 @@
  * capped (setrlimit(RLIMIT_AS)); the tile products here allocate nothing.
  * Extra memory: tiles of row_block x S floats (scores) and S x lanes floats (P as lanes), and
  * per-key-tile buffers; never B*H*L*S. */
-#include "dispatch.h"
+#include "microkernel.h"
 #include "kernel.h"
 #include "load.h"
 
@@ -267,7 +267,7 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
     float *qt = (float *)(ws + l.qt), *st = (float *)(ws + l.st), *pt = (float *)(ws + l.pt);
     float *ot = (float *)(ws + l.ot), *ktile = (float *)(ws + l.ktile), *vtile = (float *)(ws + l.vtile);
     float *vg = (float *)(ws + l.vg), *ones = (float *)(ws + l.ones);
-    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
+    const sdpa__mk *mk = p->ctx.mk;
     for (int64_t t = 0; t < block_lanes(p); ++t)
         ones[t] = 1.0f;
     void *acc = ws + l.acc;

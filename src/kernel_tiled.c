@@ -39,17 +39,15 @@
  * nothing grows with L or S. Work items are the same for every thread count, so results are
  * bit-identical for any num_threads. */
 #include "kernel.h"
-#include "dispatch.h"
+#include "dispatch.h" /* the sdpa__mk_bf16 type (the context resolved which one) */
 #include "load.h"
-#include "convert.h"
 
 #include <math.h>
 #include <string.h>
 
-#define BM SDPA__TILE_Q /* query rows per work item, unless the bf16 column asks for more (tile_q) */
-#define BM_MAX 256     /* the most a column may ask for: the layout of a REDUCED call holds it */
-#define BN SDPA__TILE_K /* keys per tile, unless the bf16 column asks for more (tile_k) */
-#define BN_MAX 128     /* the most a column may ask for */
+#define BM SDPA__TILE_Q /* query rows per work item, unless the bf16 column asks for more (ctx tile_q) */
+#define BM_MAX 256     /* the most a column may ask for (the context's tile_q_size under REDUCED) */
+#define BN_MAX 128     /* keys per tile: the most a column may ask for (ctx tile_k_size) */
 
 enum { LANE_OFF = 0, LANE_VALID = 1, LANE_PADDING = 2, LANE_EMPTY = 3 };
 
@@ -64,11 +62,11 @@ static size_t take(size_t *at, size_t bytes) {
     return here;
 }
 
-/* Rows per item and keys per tile that the layout must hold: under REDUCED a bf16 column may
- * ask for up to BM_MAX and BN_MAX (decided in prepare; sized here whatever the AMX permission,
- * which may change in between). */
-static size_t layout_rows(const sdpa__plan *p) { return p->precision == SDPA_PRECISION_REDUCED ? BM_MAX : BM; }
-static size_t layout_keys(const sdpa__plan *p) { return p->precision == SDPA_PRECISION_REDUCED ? BN_MAX : BN; }
+/* Rows per item and keys per tile that the layout must hold: the context's (a workspace-size
+ * query: what any column may ask for, whatever the AMX permission, which may be granted
+ * between the query and the call). */
+static size_t layout_rows(const sdpa__plan *p) { return (size_t)(p->exec.sizing ? p->ctx.tile_q_size : p->ctx.tile_q); }
+static size_t layout_keys(const sdpa__plan *p) { return (size_t)(p->exec.sizing ? p->ctx.tile_k_size : p->ctx.tile_k); }
 
 static layout make_layout(const sdpa__plan *p) {
     const size_t E = (size_t)p->E, Ev = (size_t)p->Ev, f = sizeof(float), BMX = layout_rows(p), BNX = layout_keys(p);
@@ -95,7 +93,7 @@ static layout make_layout(const sdpa__plan *p) {
     l.used = take(&at, BNX);
     l.keep = take(&at, BNX);
     /* bf16 P.V (REDUCED with bf16 V): probabilities and value rows in key pairs, used keys */
-    const bool pairs = p->precision == SDPA_PRECISION_REDUCED && p->v.dtype == SDPA_DTYPE_BF16;
+    const bool pairs = p->exec.sizing ? p->ctx.pv16_size : p->ctx.pv16 != NULL;
     l.pp = take(&at, pairs ? (BNX / 2) * BMX * sizeof(uint32_t) : 0);
     l.vp = take(&at, pairs ? sdpa__mul_sat(sdpa__mul_sat(Ev, BNX / 2), sizeof(uint32_t)) : 0);
     l.idx = take(&at, pairs ? BNX * sizeof(int32_t) : 0);
@@ -507,14 +505,16 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
      * other values (zeros, the double fallback) are overwritten below. */
     const int64_t os3 = p->out.strides[3];
     const bool bulk = any_valid && os3 == 1 && Ev > 0;
-    if (bulk && p->out.dtype == SDPA_DTYPE_F32) {
+    if (bulk && p->ctx.out_narrow == NULL) { /* float32 out: the lanes straight into its rows */
         mk->unpack_lanes(ot, nl, rows, Ev,
                          p->out.data + b * p->out.strides[0] + h * p->out.strides[1] + i0 * p->out.strides[2],
                          (ptrdiff_t)p->out.strides[2]);
-    } else if (bulk) { /* f16/bf16 out: rows in the V loader tile (rows x Ev floats), rounded once */
+    } else if (bulk) { /* rows in the V loader tile (rows x Ev floats), then narrowed, rounded once */
         mk->unpack_lanes(ot, nl, rows, Ev, vtile, (ptrdiff_t)Ev);
-        sdpa__narrow_rows(p->q.cv != NULL ? p->q.cv : &sdpa__convert_portable, p->out.dtype, vtile, Ev, rows, Ev,
-                          sdpa__out_row(p, b, h, i0), (ptrdiff_t)p->out.strides[2], 1);
+        unsigned char *o0 = (unsigned char *)sdpa__out_row(p, b, h, i0);
+        const ptrdiff_t rstride = (ptrdiff_t)p->out.strides[2] * (ptrdiff_t)p->ctx.out_elem;
+        for (int64_t r = 0; r < rows; ++r)
+            p->ctx.out_narrow(vtile + r * Ev, Ev, (uint16_t *)(void *)(o0 + r * rstride), 1);
     }
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
@@ -552,8 +552,7 @@ static size_t tiled_shared_bytes(const sdpa__plan *p) {
 
 static sdpa_status tiled_finish(void *vctx) {
     const tctx *c = (const tctx *)vctx;
-    const sdpa__mk_bf16 *col = c->mk16 != NULL ? c->mk16 : c->pv16;
-    sdpa__set_kernel_path(col != NULL ? col->tiled_name : c->mk->tiled_name, sdpa__dtype_tag(c->p));
+    sdpa__set_kernel_path(c->p->ctx.tiled_name, sdpa__dtype_tag(c->p));
     return SDPA_OK;
 }
 
@@ -561,28 +560,19 @@ static sdpa_status tiled_finish(void *vctx) {
 static void tiled_prepare(const sdpa__plan *p, void *shared, unsigned char *tws, size_t tstride, sdpa__work *w) {
     tctx *c = (tctx *)shared;
     c->p = p;
-    c->mk = sdpa__dispatch_mk(SDPA__MK_F32);
-    const sdpa__mk_bf16 *col = p->precision == SDPA_PRECISION_REDUCED ? sdpa__dispatch_mk_bf16_tiled(p->E, p->Ev) : NULL;
-    c->mk16 = p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 && p->load_q->rows_bf16 != NULL &&
-                      p->load_k->rows_bf16 != NULL
-                  ? col
-                  : NULL;
-    c->pv16 = p->v.dtype == SDPA_DTYPE_BF16 && p->load_v->rows_bf16 != NULL ? col : NULL;
-    const sdpa__mk_bf16 *used = c->mk16 != NULL ? c->mk16 : c->pv16;
-    c->tiles_begin = used != NULL ? used->begin : NULL;
-    c->tiles_end = used != NULL ? used->end : NULL;
-    c->bm = used != NULL && used->tile_q > 0 ? used->tile_q : BM;
-    c->bn = used != NULL && used->tile_k > 0 ? used->tile_k : BN;
-    if (c->bm > (int64_t)layout_rows(p) || c->bn > (int64_t)layout_keys(p)) {
-        c->bm = BM;
-        c->bn = BN;
-    }
+    c->mk = p->ctx.mk;
+    c->mk16 = p->ctx.score16;
+    c->pv16 = p->ctx.pv16;
+    c->tiles_begin = p->ctx.tiles_begin;
+    c->tiles_end = p->ctx.tiles_end;
+    c->bm = p->ctx.tile_q;
+    c->bn = p->ctx.tile_k;
     c->lay = make_layout(p);
     c->ws = tws;
     c->tstride = tstride;
     sdpa__dropout_init(&c->drop, p);
     c->qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
-    c->fused = c->mk16 != NULL && c->pv16 == c->mk16 && c->mk16->softmax_pack != NULL && p->softcap <= 0.0f &&
+    c->fused = p->ctx.fusable && p->softcap <= 0.0f &&
                p->rules.alibi_slopes == NULL && !c->drop.on && p->Ev > 0 && c->qscale > 0.0f;
     w->items = num_tasks(p, c->bm);
     w->item = tiled_task;

@@ -3,7 +3,6 @@
  * convert.h (round to nearest even). Validation completes before the first byte is written. */
 #include "internal.h"
 #include "convert.h"
-#include "dispatch.h"
 
 static const char FN[] = "sdpa_kv_write";
 
@@ -87,7 +86,9 @@ SDPA_API sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, const sdpa_tens
                               "%s: slot_mapping[%lld]=%lld is outside [0, num_blocks x block_size = %lld x %lld) (negative = skip)",
                               FN, (long long)t, (long long)slot_mapping[t], (long long)key_cache->shape[0],
                               (long long)key_cache->shape[2]);
-    const sdpa__convert *cv = sdpa__convert_for_isa((int)sdpa__dispatch_isa());
+    sdpa__ctx ctx; /* the process's conversions (context.c) */
+    sdpa__ctx_make_base(&ctx);
+    const sdpa__convert *cv = ctx.cv;
     const int64_t H = key->shape[1];
     for (int64_t t = 0; t < T; ++t) {
         if (slot_mapping[t] < 0)

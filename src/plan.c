@@ -3,7 +3,6 @@
 #include "internal.h"
 #include "load.h"
 #include "convert.h"
-#include "dispatch.h"
 
 #include <math.h>
 #include <string.h>
@@ -324,8 +323,6 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
         if ((st = sdpa__check_overlaps(FN, in, nin, outs, nout)) != SDPA_OK) return st;
     }
 
-    /* Widening tables of the ISA the kernels will use (dispatch.c; chosen once per process). */
-    p->q.cv = p->k.cv = p->v.cv = sdpa__convert_for_isa((int)sdpa__dispatch_isa());
     p->load_q = sdpa__loader_for(&p->q, SDPA__ADDR_STRIDED);
     const sdpa__addressing kv_addr = o->block_table != NULL ? SDPA__ADDR_PAGED : SDPA__ADDR_STRIDED;
     p->load_k = sdpa__loader_for(&p->k, kv_addr);
@@ -379,6 +376,9 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
         const int cap = n < SDPA__MAX_THREADS ? n : SDPA__MAX_THREADS;
         p->num_threads = o->num_threads > 0 && o->num_threads < cap ? o->num_threads : cap;
     }
+    /* The call context last (context.c): the ISA's tables and the dtypes' entries. */
+    sdpa__ctx_make(&p->ctx, p);
+    p->q.cv = p->k.cv = p->v.cv = p->ctx.cv;
     return SDPA_OK;
 }
 
