@@ -119,6 +119,9 @@ static int tiled_threads(const sdpa__plan *p) {
 
 static size_t tiled_thread_bytes(const sdpa__plan *p) { return make_layout(p).total; }
 
+struct item;  /* one work item's working set (below) */
+struct ktile; /* a K tile as the score operation reads it (below) */
+
 typedef struct tctx {
     const sdpa__plan *p;
     const sdpa__mk *mk;
@@ -131,7 +134,14 @@ typedef struct tctx {
     unsigned char *ws;
     size_t tstride; /* thread t's scratch: ws + t * tstride */
     float qscale;
-    int64_t bm, bn; /* query rows per item, keys per tile: BM, BN, or the bf16 column's tile_q, tile_k */
+    int64_t bm, bn; /* query rows per item, keys per tile (the context's tile_q, tile_k) */
+    /* The operations of the context's columns (tiled_prepare): Q packing, K tiles and scores
+     * (float32, or score16's bf16 products), P.V (float32, or pv16's). */
+    void (*pack_q)(struct item *it);
+    struct ktile (*load_k)(struct item *it, int64_t ta, int64_t tc);
+    void (*scores)(const struct item *it, struct ktile kt, int64_t t0, int64_t n, int64_t l0, int64_t w, float scale,
+                   float *sc);
+    void (*pv)(struct item *it, int64_t ta, int64_t tc, bool ranged, bool all_used, bool packed);
 } tctx;
 
 /* SDPA_PRECISION_REDUCED with bf16 q and k: Q rows (raw bf16) packed in pairs for the lanes
@@ -238,248 +248,347 @@ static bool range_used(int64_t nl, const uint8_t *state, const int32_t *lo, cons
     return all;
 }
 
-static void tiled_task(void *vctx, int64_t task, int tid) {
-    const tctx *c = (const tctx *)vctx;
+/* One item's working set: the thread's scratch (layout) and the item's geometry. */
+typedef struct item {
+    const tctx *c;
+    const sdpa__plan *p;
+    const sdpa__mk *mk;
+    float *qt, *st, *ot, *qtile, *ktile, *vtile, *vg, *m, *alpha, *tsum;
+    double *l;
+    void *acc;
+    int32_t *bad, *lo, *hi, *cnt, *idx;
+    uint32_t *pp, *vp;
+    uint8_t *state, *used, *keep;
+    int32_t cs[BM_MAX / SDPA__LANES], ce[BM_MAX / SDPA__LANES]; /* per lane chunk: its keys [cs, ce) */
+    int64_t b, h, g, i0, rows, nl, jmin, jmax;
+    bool any_valid;
+    const float *beta; /* NULL until the item's first P.V (which then overwrites Ot) */
+} item;
+
+/* A K tile as the score operation reads it: row t at data + t * stride elements (f32 rows from
+ * the loader, or raw bf16 rows for the bf16 column). */
+typedef struct ktile {
+    const void *data;
+    ptrdiff_t stride;
+} ktile;
+
+/* Lanes [l0, l0 + w) of the lane chunk starting at l0 (mk->range_lanes wide, the last one
+ * shorter): w. */
+static int64_t chunk_width(const item *it, int64_t l0) {
+    const int64_t rl = it->mk->range_lanes;
+    return it->nl - l0 < rl ? it->nl - l0 : rl;
+}
+
+/* ---- the score and P.V operations: the float32 ones, and the bf16 column's (the context's
+ * score16 / pv16 chose which in tiled_prepare) ---- */
+
+/* Qt[e][lane] = scale * q[i0 + lane][e]: the loader's float32 rows, SIMD transpose, then the
+ * idle lanes cleared (a padding or fully blocked query row is never inspected and may hold NaN). */
+static void pack_q_f32(item *it) {
+    const sdpa__plan *p = it->p;
+    const int64_t E = p->E, nl = it->nl;
+    const sdpa__rows qr = p->load_q->rows(&p->q, it->b, it->h, it->i0, it->i0 + it->rows, it->qtile);
+    it->mk->pack_lanes(qr.data, qr.stride, it->rows, E, it->c->qscale, it->qt, nl);
+    for (int64_t r = 0; r < nl; ++r)
+        if (it->state[r] != LANE_VALID)
+            for (int64_t e = 0; e < E; ++e)
+                it->qt[e * nl + r] = 0.0f;
+}
+
+/* Raw bf16 q rows packed in pairs into Qt's space (the scale is applied to the scores). */
+static void pack_q_bf16(item *it) {
+    const sdpa__plan *p = it->p;
+    const sdpa__rows16 q16 = p->load_q->rows_bf16(&p->q, it->b, it->h, it->i0, it->i0 + it->rows, (uint16_t *)it->qtile);
+    bf16_pack_pairs(q16, p->E, it->rows, it->nl, it->state, (uint32_t *)it->qt);
+}
+
+static ktile load_k_f32(item *it, int64_t ta, int64_t tc) {
+    const sdpa__rows kr = it->p->load_k->rows(&it->p->k, it->b, it->g, ta, tc, it->ktile);
+    return (ktile){kr.data, kr.stride};
+}
+
+static ktile load_k_bf16(item *it, int64_t ta, int64_t tc) {
+    const sdpa__rows16 kr = it->p->load_k->rows_bf16(&it->p->k, it->b, it->g, ta, tc, (uint16_t *)it->ktile);
+    return (ktile){kr.data, kr.stride};
+}
+
+/* Scores of key rows [t0, t0 + n) of kt on lanes [l0, l0 + w) into sc (row stride nl): float32
+ * lanes_gemm (the scale is in Qt: scale is not used), or the column's bf16 products times scale. */
+static void scores_f32(const item *it, ktile kt, int64_t t0, int64_t n, int64_t l0, int64_t w, float scale, float *sc) {
+    (void)scale;
+    it->mk->lanes_gemm(n, it->p->E, (const float *)kt.data + t0 * kt.stride, kt.stride, 1, it->qt + l0, sc, NULL, w,
+                       it->nl);
+}
+
+static void scores_bf16(const item *it, ktile kt, int64_t t0, int64_t n, int64_t l0, int64_t w, float scale,
+                        float *sc) {
+    it->c->mk16->lanes_scores((const uint32_t *)it->qt + l0, it->nl, it->p->E, w,
+                              (const uint16_t *)kt.data + t0 * kt.stride, kt.stride, n, scale, sc, it->nl);
+}
+
+/* The keys of the tile some lane uses (used[t]) moved to the front of St: their count; idx
+ * (if not NULL) receives their tile positions. */
+static int64_t gather_used(item *it, int64_t n, int32_t *idx) {
+    const int64_t nl = it->nl;
+    int64_t cu = 0;
+    for (int64_t t = 0; t < n; ++t) {
+        if (!it->used[t])
+            continue;
+        if (cu != t)
+            memcpy(it->st + cu * nl, it->st + t * nl, (size_t)nl * sizeof(float));
+        if (idx != NULL)
+            idx[cu] = (int32_t)t;
+        ++cu;
+    }
+    return cu;
+}
+
+/* Ot = beta Ot + V_tile^T P in float32: per lane chunk over its keys (a ranged tile whose keys
+ * are all used: keys outside a chunk's reach have P = 0 there), over the whole tile, or over
+ * the used keys gathered (the others' V rows are never read). */
+static void pv_f32(item *it, int64_t ta, int64_t tc, bool ranged, bool all_used, bool packed) {
+    (void)packed;
+    const sdpa__plan *p = it->p;
+    const sdpa__mk *mk = it->mk;
+    const int64_t Ev = p->Ev, nl = it->nl, n = tc - ta;
+    const sdpa__rows vr = p->load_v->rows(&p->v, it->b, it->g, ta, tc, it->vtile);
+    if (all_used && ranged) {
+        int nc = 0;
+        for (int64_t l0 = 0; l0 < nl; l0 += mk->range_lanes, ++nc) {
+            const int64_t w = chunk_width(it, l0), s0 = it->cs[nc], e0 = it->ce[nc];
+            mk->lanes_gemm(Ev, e0 - s0, vr.data + ((s0 < e0 ? s0 : ta) - ta) * vr.stride, 1, vr.stride,
+                           it->st + (s0 < e0 ? s0 - ta : 0) * nl + l0, it->ot + l0, it->beta ? it->beta + l0 : NULL, w,
+                           nl);
+        }
+    } else if (all_used) {
+        mk->lanes_gemm(Ev, n, vr.data, 1, vr.stride, it->st, it->ot, it->beta, nl, nl);
+    } else {
+        int64_t cu = 0;
+        for (int64_t t = 0; t < n; ++t) {
+            if (!it->used[t])
+                continue;
+            if (cu != t)
+                memcpy(it->st + cu * nl, it->st + t * nl, (size_t)nl * sizeof(float));
+            memcpy(it->vg + cu * Ev, vr.data + t * vr.stride, (size_t)Ev * sizeof(float));
+            ++cu;
+        }
+        mk->lanes_gemm(Ev, cu, it->vg, 1, (ptrdiff_t)Ev, it->st, it->ot, it->beta, nl, nl);
+    }
+}
+
+/* The bf16 column's P.V: P rounded to bf16 and packed in key pairs (unless softmax_pack did),
+ * the used keys' V rows packed in pairs, then the pair products, per lane chunk for the pairs
+ * that hold its keys (P = 0 beside them) unless the column computes whole tiles only. */
+static void pv_bf16(item *it, int64_t ta, int64_t tc, bool ranged, bool all_used, bool packed) {
+    const sdpa__plan *p = it->p;
+    const sdpa__mk_bf16 *pv = it->c->pv16;
+    const int64_t Ev = p->Ev, nl = it->nl, n = tc - ta;
+    const sdpa__rows16 vr16 = p->load_v->rows_bf16(&p->v, it->b, it->g, ta, tc, (uint16_t *)it->vtile);
+    const int64_t cu = all_used ? n : gather_used(it, n, it->idx);
+    if (!packed)
+        pv->pack_p(it->st, nl, cu, nl, it->pp, nl);
+    pv->pack_v(vr16.data, vr16.stride, all_used ? NULL : it->idx, cu, Ev, it->vp);
+    if (all_used && ranged && !pv->pv_whole_tile) {
+        int nc = 0;
+        for (int64_t l0 = 0; l0 < nl; l0 += it->mk->range_lanes, ++nc) {
+            const int64_t w = chunk_width(it, l0), s0 = it->cs[nc], e0 = it->ce[nc];
+            const int64_t tp0 = s0 < e0 ? (s0 - ta) / 2 : 0, tp1 = s0 < e0 ? (e0 - ta + 1) / 2 : 0;
+            pv->lanes_pv(Ev, tp0, tp1 - tp0, it->vp, it->pp + tp0 * nl + l0, nl, it->ot + l0,
+                         it->beta ? it->beta + l0 : NULL, w, nl);
+        }
+    } else {
+        pv->lanes_pv(Ev, 0, (cu + 1) / 2, it->vp, it->pp, nl, it->ot, it->beta, nl, nl);
+    }
+}
+
+/* ---- the item's paragraphs ---- */
+
+/* Set-up: the thread's scratch, the item's (b, h, rows) and each lane's state and key range
+ * [lo, hi); jmin, jmax bound the keys of the item. Head-major, so that consecutive tasks (on
+ * one thread or on neighbours) reuse the head's K and V from cache; within a head the heaviest
+ * blocks first (the last ones under a causal rule), so that light tasks end the call. */
+static void item_setup(const tctx *c, int64_t task, int tid, item *it) {
     const sdpa__plan *p = c->p;
-    const sdpa__mk *mk = c->mk;
     const layout *lay = &c->lay;
     unsigned char *ws = c->ws + (size_t)tid * c->tstride;
-    float *qt = (float *)(ws + lay->qt), *st = (float *)(ws + lay->st), *ot = (float *)(ws + lay->ot);
-    float *qtile = (float *)(ws + lay->qtile), *ktile = (float *)(ws + lay->ktile), *vtile = (float *)(ws + lay->vtile);
-    float *vg = (float *)(ws + lay->vg), *m = (float *)(ws + lay->m), *alpha = (float *)(ws + lay->alpha);
-    float *tsum = (float *)(ws + lay->tsum);
-    double *l = (double *)(ws + lay->l);
-    void *acc = ws + lay->acc;
-    int32_t *bad = (int32_t *)(ws + lay->bad), *lo = (int32_t *)(ws + lay->lo), *hi = (int32_t *)(ws + lay->hi);
-    int32_t *cnt = (int32_t *)(ws + lay->cnt), cs[BM_MAX / SDPA__LANES], ce[BM_MAX / SDPA__LANES];
-    uint8_t *state = ws + lay->state, *used = ws + lay->used, *keep = ws + lay->keep;
-    uint32_t *pp = (uint32_t *)(ws + lay->pp), *vp = (uint32_t *)(ws + lay->vp);
-    int32_t *idx = (int32_t *)(ws + lay->idx);
+    it->c = c;
+    it->p = p;
+    it->mk = c->mk;
+    it->qt = (float *)(ws + lay->qt), it->st = (float *)(ws + lay->st), it->ot = (float *)(ws + lay->ot);
+    it->qtile = (float *)(ws + lay->qtile), it->ktile = (float *)(ws + lay->ktile), it->vtile = (float *)(ws + lay->vtile);
+    it->vg = (float *)(ws + lay->vg), it->m = (float *)(ws + lay->m), it->alpha = (float *)(ws + lay->alpha);
+    it->tsum = (float *)(ws + lay->tsum);
+    it->l = (double *)(ws + lay->l);
+    it->acc = ws + lay->acc;
+    it->bad = (int32_t *)(ws + lay->bad), it->lo = (int32_t *)(ws + lay->lo), it->hi = (int32_t *)(ws + lay->hi);
+    it->cnt = (int32_t *)(ws + lay->cnt), it->idx = (int32_t *)(ws + lay->idx);
+    it->state = ws + lay->state, it->used = ws + lay->used, it->keep = ws + lay->keep;
+    it->pp = (uint32_t *)(ws + lay->pp), it->vp = (uint32_t *)(ws + lay->vp);
 
-    /* Head-major, so that consecutive tasks (on one thread or on neighbours) reuse the head's K
-     * and V from cache; within a head the heaviest blocks first (the last ones under a causal
-     * rule), so that light tasks end the call. */
-    const int64_t bm = c->bm, bn = c->bn, nqb = (p->L + bm - 1) / bm;
+    const int64_t bm = c->bm, nqb = (p->L + bm - 1) / bm;
     const int64_t qb = nqb - 1 - task % nqb, bh = task / nqb;
-    const int64_t b = bh / p->Hq, h = bh % p->Hq, g = h / p->group;
-    const int64_t i0 = qb * bm, rows = p->L - i0 < bm ? p->L - i0 : bm;
-    const int64_t nl = (rows + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES;
-    const int64_t E = p->E, Ev = p->Ev;
-
-    int64_t jmin = p->S, jmax = 0;
-    bool any_valid = false;
-    const float *beta = alpha; /* NULL until the item's first P.V */
-    for (int64_t r = 0; r < nl; ++r) {
-        lo[r] = hi[r] = 0;
-        state[r] = LANE_OFF;
-        if (r >= rows)
+    it->b = bh / p->Hq, it->h = bh % p->Hq, it->g = it->h / p->group;
+    it->i0 = qb * bm, it->rows = p->L - it->i0 < bm ? p->L - it->i0 : bm;
+    it->nl = (it->rows + SDPA__LANES - 1) / SDPA__LANES * SDPA__LANES;
+    it->jmin = p->S, it->jmax = 0;
+    it->any_valid = false;
+    it->beta = it->alpha;
+    for (int64_t r = 0; r < it->nl; ++r) {
+        it->lo[r] = it->hi[r] = 0;
+        it->state[r] = LANE_OFF;
+        if (r >= it->rows)
             continue;
-        if (sdpa__rule_is_padding(&p->rules, b, i0 + r)) {
-            state[r] = LANE_PADDING;
+        if (sdpa__rule_is_padding(&p->rules, it->b, it->i0 + r)) {
+            it->state[r] = LANE_PADDING;
             continue;
         }
         int64_t a, e;
-        sdpa__rule_range(&p->rules, b, i0 + r, &a, &e);
+        sdpa__rule_range(&p->rules, it->b, it->i0 + r, &a, &e);
         if (a >= e || a >= p->S) {
-            state[r] = LANE_EMPTY;
+            it->state[r] = LANE_EMPTY;
             continue;
         }
-        state[r] = LANE_VALID;
-        any_valid = true;
-        lo[r] = (int32_t)a;
-        hi[r] = (int32_t)e;
-        jmin = a < jmin ? a : jmin;
-        jmax = e > jmax ? e : jmax;
+        it->state[r] = LANE_VALID;
+        it->any_valid = true;
+        it->lo[r] = (int32_t)a;
+        it->hi[r] = (int32_t)e;
+        it->jmin = a < it->jmin ? a : it->jmin;
+        it->jmax = e > it->jmax ? e : it->jmax;
     }
+}
 
-    if (any_valid) {
-        /* Qt[e][lane] = scale * q[i0 + lane][e]; lanes that read nothing get zeros (a padding or
-         * fully blocked query row is never inspected and may hold NaN). */
-        for (int64_t r = 0; r < nl; ++r) {
-            m[r] = -INFINITY;
-            l[r] = 0.0;
-            bad[r] = 0;
-        }
-        if (c->mk16 != NULL) { /* raw bf16 q rows, packed in pairs into Qt's space */
-            const sdpa__rows16 q16 = p->load_q->rows_bf16(&p->q, b, h, i0, i0 + rows, (uint16_t *)qtile);
-            bf16_pack_pairs(q16, E, rows, nl, state, (uint32_t *)qt);
-        } else { /* float32 rows from the loader: SIMD transpose, then clear the idle lanes */
-            const sdpa__rows qr = p->load_q->rows(&p->q, b, h, i0, i0 + rows, qtile);
-            mk->pack_lanes(qr.data, qr.stride, rows, E, c->qscale, qt, nl);
-            for (int64_t r = 0; r < nl; ++r)
-                if (state[r] != LANE_VALID)
-                    for (int64_t e = 0; e < E; ++e)
-                        qt[e * nl + r] = 0.0f;
-        }
-        beta = NULL; /* the first P.V overwrites Ot (its alpha is 0: m was -inf) */
-        if (c->tiles_begin != NULL) /* AMX: this thread's tile configuration, for this item */
-            c->tiles_begin();
-
-        for (int64_t a = jmin / bn * bn; a < jmax; a += bn) {
-            const int64_t ta = a > jmin ? a : jmin, tc = a + bn < jmax ? a + bn : jmax, n = tc - ta;
-            const sdpa__tile_class tcl = sdpa__rule_classify_tile(&p->rules, b, h, i0, nl, lo, hi, ta, tc);
-            if (tcl == SDPA__TILE_NONE)
-                continue;
-
-            /* Structural rules only: each chunk of rows (mk->range_lanes of them) computes just
-             * the keys its rows can reach, [s0, e0); the rest of its column is P = 0. A causal
-             * diagonal tile then costs about 5/8 (16-row chunks) or 3/4 (32) of a full one. */
-            const bool ranged = tcl == SDPA__TILE_PARTIAL_RANGE;
-            bool packed = false; /* P already in pp (softmax_pack) */
-            sdpa__rows kr = {NULL, 0};
-            sdpa__rows16 kr16 = {NULL, 0};
-            if (c->mk16 != NULL)
-                kr16 = p->load_k->rows_bf16(&p->k, b, g, ta, tc, (uint16_t *)ktile);
-            else
-                kr = p->load_k->rows(&p->k, b, g, ta, tc, ktile);
-            bool all_used = true;
-            if (ranged) {
-                all_used = range_used(nl, state, lo, hi, ta, n, cnt, used);
-                int nc = 0;
-                for (int64_t l0 = 0; l0 < nl; l0 += mk->range_lanes, ++nc) {
-                    const int64_t w = nl - l0 < mk->range_lanes ? nl - l0 : mk->range_lanes;
-                    int64_t s0 = tc, e0 = ta;
-                    for (int64_t r = l0; r < l0 + w; ++r) {
-                        if (state[r] != LANE_VALID)
-                            continue;
-                        s0 = lo[r] < s0 ? lo[r] : s0;
-                        e0 = hi[r] > e0 ? hi[r] : e0;
-                    }
-                    s0 = s0 > ta ? s0 : ta;
-                    e0 = e0 < tc ? e0 : tc;
-                    if (e0 < s0)
-                        e0 = s0;
-                    cs[nc] = (int32_t)s0;
-                    ce[nc] = (int32_t)e0;
-                    for (int64_t t = 0; t < n; ++t) /* outside the chunk's reach: blocked */
-                        if (ta + t < s0 || ta + t >= e0)
-                            for (int64_t r = l0; r < l0 + w; ++r)
-                                st[t * nl + r] = 0.0f;
-                    float *sc = st + (s0 - ta) * nl + l0;
-                    if (s0 < e0) {
-                        if (c->mk16 != NULL) {
-                            c->mk16->lanes_scores((const uint32_t *)qt + l0, nl, E, w,
-                                                  kr16.data + (s0 - ta) * kr16.stride, kr16.stride, e0 - s0,
-                                                  c->qscale, sc, nl);
-                        } else {
-                            mk->lanes_gemm(e0 - s0, E, kr.data + (s0 - ta) * kr.stride, kr.stride, 1, qt + l0, sc,
-                                           NULL, w, nl);
-                        }
-                        if (p->softcap > 0.0f)
-                            for (int64_t t = 0; t < e0 - s0; ++t)
-                                mk->softcap(sc + t * nl, w, p->softcap);
-                        if (p->rules.alibi_slopes != NULL) /* ALiBi (rules.c), a bias */
-                            alibi_lanes(p, mk, b, h, i0, state, l0, l0 + w, s0, e0 - s0, st + (s0 - ta) * nl, nl);
-                        mk->lanes_range_mask(sc, e0 - s0, w, nl, (int32_t)s0, lo + l0, hi + l0, bad + l0);
-                    }
-                    mk->lanes_softmax(sc, e0 - s0, w, nl, m + l0, alpha + l0, tsum + l0, NULL);
-                }
-            } else if (c->fused && tcl == SDPA__TILE_FULL) { /* raw scores; softmax scales and packs P */
-                c->mk16->lanes_scores((const uint32_t *)qt, nl, E, nl, kr16.data, kr16.stride, n, 1.0f, st, nl);
-                c->pv16->softmax_pack(st, n, nl, nl, c->qscale, m, alpha, tsum, bad, pp, nl);
-                packed = true;
-            } else {
-                if (c->mk16 != NULL)
-                    c->mk16->lanes_scores((const uint32_t *)qt, nl, E, nl, kr16.data, kr16.stride, n, c->qscale, st,
-                                          nl);
-                else
-                    mk->lanes_gemm(n, E, kr.data, kr.stride, 1, qt, st, NULL, nl, nl);
+/* Score tile: St for keys [ta, tc) (scores, softcap, ALiBi, the rules' -inf, the online
+ * softmax step); *all_used says whether every key of the tile is used by some lane, *packed
+ * whether P is already in pp (the fused softmax_pack). Structural rules only (ranged): each
+ * chunk of rows (mk->range_lanes of them) computes just the keys its rows can reach,
+ * [cs, ce); the rest of its column is P = 0. A causal diagonal tile then costs about 5/8
+ * (16-row chunks) or 3/4 (32) of a full one. */
+static void score_tile(item *it, int64_t ta, int64_t tc, sdpa__tile_class tcl, bool *all_used, bool *packed) {
+    const tctx *c = it->c;
+    const sdpa__plan *p = it->p;
+    const sdpa__mk *mk = it->mk;
+    const int64_t nl = it->nl, n = tc - ta;
+    float *st = it->st;
+    const ktile kt = c->load_k(it, ta, tc);
+    *all_used = true;
+    *packed = false;
+    if (tcl == SDPA__TILE_PARTIAL_RANGE) {
+        *all_used = range_used(nl, it->state, it->lo, it->hi, ta, n, it->cnt, it->used);
+        int nc = 0;
+        for (int64_t l0 = 0; l0 < nl; l0 += mk->range_lanes, ++nc) {
+            const int64_t w = chunk_width(it, l0);
+            int64_t s0 = tc, e0 = ta;
+            for (int64_t r = l0; r < l0 + w; ++r) {
+                if (it->state[r] != LANE_VALID)
+                    continue;
+                s0 = it->lo[r] < s0 ? it->lo[r] : s0;
+                e0 = it->hi[r] > e0 ? it->hi[r] : e0;
+            }
+            s0 = s0 > ta ? s0 : ta;
+            e0 = e0 < tc ? e0 : tc;
+            if (e0 < s0)
+                e0 = s0;
+            it->cs[nc] = (int32_t)s0;
+            it->ce[nc] = (int32_t)e0;
+            for (int64_t t = 0; t < n; ++t) /* outside the chunk's reach: blocked */
+                if (ta + t < s0 || ta + t >= e0)
+                    for (int64_t r = l0; r < l0 + w; ++r)
+                        st[t * nl + r] = 0.0f;
+            float *sc = st + (s0 - ta) * nl + l0;
+            if (s0 < e0) {
+                c->scores(it, kt, s0 - ta, e0 - s0, l0, w, c->qscale, sc);
                 if (p->softcap > 0.0f)
-                    mk->softcap(st, n * nl, p->softcap);
+                    for (int64_t t = 0; t < e0 - s0; ++t)
+                        mk->softcap(sc + t * nl, w, p->softcap);
                 if (p->rules.alibi_slopes != NULL) /* ALiBi (rules.c), a bias */
-                    alibi_lanes(p, mk, b, h, i0, state, 0, nl, ta, n, st, nl);
-                int32_t *check = bad;
-                if (tcl == SDPA__TILE_PARTIAL) {
-                    all_used = apply_rules(p, b, h, i0, nl, state, lo, hi, ta, n, st, used, bad);
-                    check = NULL;
-                }
-                mk->lanes_softmax(st, n, nl, nl, m, alpha, tsum, check);
+                    alibi_lanes(p, mk, it->b, it->h, it->i0, it->state, l0, l0 + w, s0, e0 - s0, st + (s0 - ta) * nl,
+                                nl);
+                mk->lanes_range_mask(sc, e0 - s0, w, nl, (int32_t)s0, it->lo + l0, it->hi + l0, it->bad + l0);
             }
-            for (int64_t r = 0; r < nl; ++r)
-                l[r] = l[r] * (double)alpha[r] + (double)tsum[r];
-            if (c->drop.on) {
-                for (int64_t r = 0; r < nl; ++r) {
-                    if (state[r] != LANE_VALID)
-                        continue;
-                    sdpa__dropout_keep(&c->drop, b, h, i0 + r, ta, n, keep);
-                    for (int64_t t = 0; t < n; ++t)
-                        if (!keep[t])
-                            st[t * nl + r] = 0.0f;
-                }
-            }
-            if (Ev == 0)
-                continue;
-            if (c->pv16 != NULL) { /* P rounded to bf16; keys in pairs (the unused ones left out) */
-                const sdpa__rows16 vr16 = p->load_v->rows_bf16(&p->v, b, g, ta, tc, (uint16_t *)vtile);
-                int64_t cu = n;
-                const int32_t *ix = NULL;
-                if (!all_used) {
-                    cu = 0;
-                    for (int64_t t = 0; t < n; ++t) {
-                        if (!used[t])
-                            continue;
-                        if (cu != t)
-                            memcpy(st + cu * nl, st + t * nl, (size_t)nl * sizeof(float));
-                        idx[cu++] = (int32_t)t;
-                    }
-                    ix = idx;
-                }
-                if (!packed)
-                    c->pv16->pack_p(st, nl, cu, nl, pp, nl);
-                c->pv16->pack_v(vr16.data, vr16.stride, ix, cu, Ev, vp);
-                if (all_used && ranged && !c->pv16->pv_whole_tile) { /* per chunk, the pairs that hold its keys (P = 0 beside them) */
-                    int nc = 0;
-                    for (int64_t l0 = 0; l0 < nl; l0 += mk->range_lanes, ++nc) {
-                        const int64_t w = nl - l0 < mk->range_lanes ? nl - l0 : mk->range_lanes;
-                        const int64_t s0 = cs[nc], e0 = ce[nc];
-                        const int64_t tp0 = s0 < e0 ? (s0 - ta) / 2 : 0, tp1 = s0 < e0 ? (e0 - ta + 1) / 2 : 0;
-                        c->pv16->lanes_pv(Ev, tp0, tp1 - tp0, vp, pp + tp0 * nl + l0, nl, ot + l0,
-                                          beta ? beta + l0 : NULL, w, nl);
-                    }
-                } else {
-                    c->pv16->lanes_pv(Ev, 0, (cu + 1) / 2, vp, pp, nl, ot, beta, nl, nl);
-                }
-                beta = alpha;
-                continue;
-            }
-            const sdpa__rows vr = p->load_v->rows(&p->v, b, g, ta, tc, vtile);
-            if (all_used && ranged) { /* keys outside a chunk's reach have P = 0 there: skipped */
-                int nc = 0;
-                for (int64_t l0 = 0; l0 < nl; l0 += mk->range_lanes, ++nc) {
-                    const int64_t w = nl - l0 < mk->range_lanes ? nl - l0 : mk->range_lanes;
-                    const int64_t s0 = cs[nc], e0 = ce[nc];
-                    mk->lanes_gemm(Ev, e0 - s0, vr.data + ((s0 < e0 ? s0 : ta) - ta) * vr.stride, 1, vr.stride,
-                                   st + (s0 < e0 ? s0 - ta : 0) * nl + l0, ot + l0, beta ? beta + l0 : NULL, w, nl);
-                }
-            } else if (all_used) {
-                mk->lanes_gemm(Ev, n, vr.data, 1, vr.stride, st, ot, beta, nl, nl);
-            } else { /* gather the used keys: the others' V rows are never read */
-                int64_t cu = 0;
-                for (int64_t t = 0; t < n; ++t) {
-                    if (!used[t])
-                        continue;
-                    if (cu != t)
-                        memcpy(st + cu * nl, st + t * nl, (size_t)nl * sizeof(float));
-                    memcpy(vg + cu * Ev, vr.data + t * vr.stride, (size_t)Ev * sizeof(float));
-                    ++cu;
-                }
-                mk->lanes_gemm(Ev, cu, vg, 1, (ptrdiff_t)Ev, st, ot, beta, nl, nl);
-            }
-            beta = alpha;
+            mk->lanes_softmax(sc, e0 - s0, w, nl, it->m + l0, it->alpha + l0, it->tsum + l0, NULL);
         }
-        if (c->tiles_end != NULL)
-            c->tiles_end();
+        return;
     }
+    if (c->fused && tcl == SDPA__TILE_FULL) { /* raw scores; softmax scales and packs P */
+        c->scores(it, kt, 0, n, 0, nl, 1.0f, st);
+        c->pv16->softmax_pack(st, n, nl, nl, c->qscale, it->m, it->alpha, it->tsum, it->bad, it->pp, nl);
+        *packed = true;
+        return;
+    }
+    c->scores(it, kt, 0, n, 0, nl, c->qscale, st);
+    if (p->softcap > 0.0f)
+        mk->softcap(st, n * nl, p->softcap);
+    if (p->rules.alibi_slopes != NULL) /* ALiBi (rules.c), a bias */
+        alibi_lanes(p, mk, it->b, it->h, it->i0, it->state, 0, nl, ta, n, st, nl);
+    int32_t *check = it->bad;
+    if (tcl == SDPA__TILE_PARTIAL) {
+        *all_used = apply_rules(p, it->b, it->h, it->i0, nl, it->state, it->lo, it->hi, ta, n, st, it->used, it->bad);
+        check = NULL;
+    }
+    mk->lanes_softmax(st, n, nl, nl, it->m, it->alpha, it->tsum, check);
+}
 
-    if (beta == NULL) /* no tile ran: Ot was never written (every lane ends as a zero row) */
+/* The item's tiles: Q packed once, then for each tile that some row may attend its scores, the
+ * running sums, dropout and P.V. */
+static void item_tiles(item *it) {
+    const tctx *c = it->c;
+    const sdpa__plan *p = it->p;
+    const int64_t nl = it->nl, bn = c->bn;
+    for (int64_t r = 0; r < nl; ++r) {
+        it->m[r] = -INFINITY;
+        it->l[r] = 0.0;
+        it->bad[r] = 0;
+    }
+    c->pack_q(it);
+    it->beta = NULL; /* the first P.V overwrites Ot (its alpha is 0: m was -inf) */
+    if (c->tiles_begin != NULL) /* AMX: this thread's tile configuration, for this item */
+        c->tiles_begin();
+    for (int64_t a = it->jmin / bn * bn; a < it->jmax; a += bn) {
+        const int64_t ta = a > it->jmin ? a : it->jmin, tc = a + bn < it->jmax ? a + bn : it->jmax, n = tc - ta;
+        const sdpa__tile_class tcl = sdpa__rule_classify_tile(&p->rules, it->b, it->h, it->i0, nl, it->lo, it->hi, ta, tc);
+        if (tcl == SDPA__TILE_NONE)
+            continue;
+        bool all_used, packed;
+        score_tile(it, ta, tc, tcl, &all_used, &packed);
+        for (int64_t r = 0; r < nl; ++r)
+            it->l[r] = it->l[r] * (double)it->alpha[r] + (double)it->tsum[r];
+        if (c->drop.on) {
+            for (int64_t r = 0; r < nl; ++r) {
+                if (it->state[r] != LANE_VALID)
+                    continue;
+                sdpa__dropout_keep(&c->drop, it->b, it->h, it->i0 + r, ta, n, it->keep);
+                for (int64_t t = 0; t < n; ++t)
+                    if (!it->keep[t])
+                        it->st[t * nl + r] = 0.0f;
+            }
+        }
+        if (p->Ev == 0)
+            continue;
+        c->pv(it, ta, tc, tcl == SDPA__TILE_PARTIAL_RANGE, all_used, packed);
+        it->beta = it->alpha;
+    }
+    if (c->tiles_end != NULL)
+        c->tiles_end();
+}
+
+/* Write rows: out = Ot / l (times 1/(1-p) under dropout), lse = m + log l; zero rows, and the
+ * double fallback for rows float32 could not carry. */
+static void write_rows(item *it) {
+    const tctx *c = it->c;
+    const sdpa__plan *p = it->p;
+    const sdpa__mk *mk = it->mk;
+    const int64_t nl = it->nl, rows = it->rows, Ev = p->Ev, b = it->b, h = it->h, i0 = it->i0;
+    float *ot = it->ot, *m = it->m;
+    double *l = it->l;
+    if (it->beta == NULL) /* no tile ran: Ot was never written (every lane ends as a zero row) */
         memset(ot, 0, (size_t)(Ev * nl) * sizeof(float));
     /* Normalise in place, lanes in the inner loop (vectorised): out = Ot * (1/(1-p)) / l, and
      * note per lane whether every result is finite (x * inv is not finite if x is not). */
-    float *inv = alpha;
-    int32_t *nonfin = (int32_t *)tsum;
+    float *inv = it->alpha;
+    int32_t *nonfin = (int32_t *)it->tsum;
     const float sink = sdpa__sink(p->sinks, h);
     for (int64_t r = 0; r < nl; ++r) {
-        const bool live = state[r] == LANE_VALID && !bad[r] && l[r] > 0.0;
+        const bool live = it->state[r] == LANE_VALID && !it->bad[r] && l[r] > 0.0;
         double num = (double)c->drop.scale;
         if (live && sink > -INFINITY) { /* the sink joins the denominator (and m) once, here */
             const float mn = sink > m[r] ? sink : m[r];
@@ -491,7 +600,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
         inv[r] = live ? (float)(num / l[r]) : 0.0f;
         nonfin[r] = 0;
     }
-    for (int64_t d = 0; d < (any_valid ? Ev : 0); ++d) {
+    for (int64_t d = 0; d < (it->any_valid ? Ev : 0); ++d) {
         float *row = ot + d * nl;
         for (int64_t r = 0; r < nl; ++r) {
             const float y = row[r] * inv[r];
@@ -504,29 +613,29 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
     /* Rows of out contiguous along Ev: write all rows with a SIMD transpose; the rows that need
      * other values (zeros, the double fallback) are overwritten below. */
     const int64_t os3 = p->out.strides[3];
-    const bool bulk = any_valid && os3 == 1 && Ev > 0;
+    const bool bulk = it->any_valid && os3 == 1 && Ev > 0;
     if (bulk && p->ctx.out_narrow == NULL) { /* float32 out: the lanes straight into its rows */
         mk->unpack_lanes(ot, nl, rows, Ev,
                          p->out.data + b * p->out.strides[0] + h * p->out.strides[1] + i0 * p->out.strides[2],
                          (ptrdiff_t)p->out.strides[2]);
     } else if (bulk) { /* rows in the V loader tile (rows x Ev floats), then narrowed, rounded once */
-        mk->unpack_lanes(ot, nl, rows, Ev, vtile, (ptrdiff_t)Ev);
+        mk->unpack_lanes(ot, nl, rows, Ev, it->vtile, (ptrdiff_t)Ev);
         unsigned char *o0 = (unsigned char *)sdpa__out_row(p, b, h, i0);
         const ptrdiff_t rstride = (ptrdiff_t)p->out.strides[2] * (ptrdiff_t)p->ctx.out_elem;
         for (int64_t r = 0; r < rows; ++r)
-            p->ctx.out_narrow(vtile + r * Ev, Ev, (uint16_t *)(void *)(o0 + r * rstride), 1);
+            p->ctx.out_narrow(it->vtile + r * Ev, Ev, (uint16_t *)(void *)(o0 + r * rstride), 1);
     }
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         void *orow = sdpa__out_row(p, b, h, i);
         float *lrow = p->has_lse ? p->lse + b * p->lse_strides[0] + h * p->lse_strides[1] + i * p->lse_strides[2]
                                  : NULL;
-        if (state[r] != LANE_VALID) { /* padding, or no key in the row's range */
-            write_zero_row(p, orow, lrow, state[r] == LANE_PADDING ? -INFINITY : sink);
+        if (it->state[r] != LANE_VALID) { /* padding, or no key in the row's range */
+            write_zero_row(p, orow, lrow, it->state[r] == LANE_PADDING ? -INFINITY : sink);
             continue;
         }
-        if (bad[r]) { /* a float32 score overflowed */
-            sdpa__fallback_row_double(p, &c->drop, b, h, i, acc, orow, NULL, lrow);
+        if (it->bad[r]) { /* a float32 score overflowed */
+            sdpa__fallback_row_double(p, &c->drop, b, h, i, it->acc, orow, NULL, lrow);
             continue;
         }
         if (l[r] == 0.0) { /* every key blocked by the mask or bias: policy ZERO (Ot may be unset) */
@@ -534,7 +643,7 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
             continue;
         }
         if (nonfin[r]) { /* the float32 P.V sum overflowed */
-            sdpa__fallback_row_double(p, &c->drop, b, h, i, acc, orow, NULL, lrow);
+            sdpa__fallback_row_double(p, &c->drop, b, h, i, it->acc, orow, NULL, lrow);
             continue;
         }
         if (!bulk)
@@ -543,6 +652,14 @@ static void tiled_task(void *vctx, int64_t task, int tid) {
         if (lrow)
             *lrow = (float)((double)m[r] + log(l[r]));
     }
+}
+
+static void tiled_task(void *vctx, int64_t task, int tid) {
+    item it;
+    item_setup((const tctx *)vctx, task, tid, &it);
+    if (it.any_valid)
+        item_tiles(&it);
+    write_rows(&it);
 }
 
 static size_t tiled_shared_bytes(const sdpa__plan *p) {
@@ -567,6 +684,10 @@ static void tiled_prepare(const sdpa__plan *p, void *shared, unsigned char *tws,
     c->tiles_end = p->ctx.tiles_end;
     c->bm = p->ctx.tile_q;
     c->bn = p->ctx.tile_k;
+    c->pack_q = c->mk16 != NULL ? pack_q_bf16 : pack_q_f32;
+    c->load_k = c->mk16 != NULL ? load_k_bf16 : load_k_f32;
+    c->scores = c->mk16 != NULL ? scores_bf16 : scores_f32;
+    c->pv = c->pv16 != NULL ? pv_bf16 : pv_f32;
     c->lay = make_layout(p);
     c->ws = tws;
     c->tstride = tstride;
