@@ -356,7 +356,7 @@ static void load_q_f32(ditem *it) {
 }
 
 /* Raw bf16 q rows; the scale is applied to the scores. */
-static void load_q_bf16(ditem *it) {
+static void load_q_col(ditem *it) {
     const sdpa__plan *p = it->p;
     const int64_t E = p->E;
     for (int64_t r = 0; r < it->R; ++r) {
@@ -370,7 +370,7 @@ static void load_q_bf16(ditem *it) {
 
 /* Scores of keys [ta, tc) for the rows that attend the tile, by the bf16 column's dot products
  * on raw bf16 rows (REDUCED), the scale applied to the scores. */
-static void scores_bf16(ditem *it, int64_t ta, int64_t tc) {
+static void scores_col(ditem *it, int64_t ta, int64_t tc) {
     const sdpa__plan *p = it->p;
     const int64_t E = p->E, n = tc - ta;
     const sdpa__rows16 kr16 = p->load_k->rows_bf16(&p->k, it->b, it->g, ta, tc, (uint16_t *)it->kp);
@@ -703,8 +703,8 @@ static void decode_prepare(const sdpa__plan *p, void *shared, unsigned char *tws
     c->shared = (unsigned char *)shared + sdpa__align64(sizeof(dctx));
     sdpa__dropout_init(&c->drop, p);
     c->qscale = p->softcap > 0.0f ? (float)((double)p->scale / (double)p->softcap) : p->scale;
-    c->load_q = c->mk16 != NULL ? load_q_bf16 : load_q_f32;
-    c->scores = c->mk16 != NULL ? scores_bf16 : scores_kv;
+    c->load_q = c->mk16 != NULL ? load_q_col : load_q_f32;
+    c->scores = c->mk16 != NULL ? scores_col : scores_kv;
     /* 16-bit K/V: each row is widened once for all the rows (the per-row loop widens each
      * sub-tile once per row), measured ~12% less CPU time at (8,32,1,1024,128) GQA 32/8 with f16
      * and bf16 K/V, whatever the cache size. The multi-row micro-kernels (same bits as the

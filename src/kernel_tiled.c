@@ -296,7 +296,7 @@ static void pack_q_f32(item *it) {
 }
 
 /* Raw bf16 q rows packed in pairs into Qt's space (the scale is applied to the scores). */
-static void pack_q_bf16(item *it) {
+static void pack_q_col(item *it) {
     const sdpa__plan *p = it->p;
     const sdpa__rows16 q16 = p->load_q->rows_bf16(&p->q, it->b, it->h, it->i0, it->i0 + it->rows, (uint16_t *)it->qtile);
     bf16_pack_pairs(q16, p->E, it->rows, it->nl, it->state, (uint32_t *)it->qt);
@@ -307,7 +307,7 @@ static ktile load_k_f32(item *it, int64_t ta, int64_t tc) {
     return (ktile){kr.data, kr.stride};
 }
 
-static ktile load_k_bf16(item *it, int64_t ta, int64_t tc) {
+static ktile load_k_col(item *it, int64_t ta, int64_t tc) {
     const sdpa__rows16 kr = it->p->load_k->rows_bf16(&it->p->k, it->b, it->g, ta, tc, (uint16_t *)it->ktile);
     return (ktile){kr.data, kr.stride};
 }
@@ -320,7 +320,7 @@ static void scores_f32(const item *it, ktile kt, int64_t t0, int64_t n, int64_t 
                        it->nl);
 }
 
-static void scores_bf16(const item *it, ktile kt, int64_t t0, int64_t n, int64_t l0, int64_t w, float scale,
+static void scores_col(const item *it, ktile kt, int64_t t0, int64_t n, int64_t l0, int64_t w, float scale,
                         float *sc) {
     it->c->mk16->lanes_scores((const uint32_t *)it->qt + l0, it->nl, it->p->E, w,
                               (const uint16_t *)kt.data + t0 * kt.stride, kt.stride, n, scale, sc, it->nl);
@@ -379,7 +379,7 @@ static void pv_f32(item *it, int64_t ta, int64_t tc, bool ranged, bool all_used,
 /* The bf16 column's P.V: P rounded to bf16 and packed in key pairs (unless softmax_pack did),
  * the used keys' V rows packed in pairs, then the pair products, per lane chunk for the pairs
  * that hold its keys (P = 0 beside them) unless the column computes whole tiles only. */
-static void pv_bf16(item *it, int64_t ta, int64_t tc, bool ranged, bool all_used, bool packed) {
+static void pv_col(item *it, int64_t ta, int64_t tc, bool ranged, bool all_used, bool packed) {
     const sdpa__plan *p = it->p;
     const sdpa__mk_bf16 *pv = it->c->pv16;
     const int64_t Ev = p->Ev, nl = it->nl, n = tc - ta;
@@ -684,10 +684,10 @@ static void tiled_prepare(const sdpa__plan *p, void *shared, unsigned char *tws,
     c->tiles_end = p->ctx.tiles_end;
     c->bm = p->ctx.tile_q;
     c->bn = p->ctx.tile_k;
-    c->pack_q = c->mk16 != NULL ? pack_q_bf16 : pack_q_f32;
-    c->load_k = c->mk16 != NULL ? load_k_bf16 : load_k_f32;
-    c->scores = c->mk16 != NULL ? scores_bf16 : scores_f32;
-    c->pv = c->pv16 != NULL ? pv_bf16 : pv_f32;
+    c->pack_q = c->mk16 != NULL ? pack_q_col : pack_q_f32;
+    c->load_k = c->mk16 != NULL ? load_k_col : load_k_f32;
+    c->scores = c->mk16 != NULL ? scores_col : scores_f32;
+    c->pv = c->pv16 != NULL ? pv_col : pv_f32;
     c->lay = make_layout(p);
     c->ws = tws;
     c->tstride = tstride;

@@ -354,30 +354,10 @@ static sdpa_status rewrap(const char *fn, sdpa_status st) {
     return sdpa__fail(st, "%s: attention over the projected heads: %s%s", fn, inner, hint);
 }
 
-/* Validate everything that does not depend on values, and lay out the workspace.
- * for_size: outputs are not given (workspace-size query). */
-static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, const sdpa_tensor *query,
-                             const sdpa_tensor *key, const sdpa_tensor *value, const sdpa_mha_options *options,
-                             const sdpa_tensor *out, const sdpa_tensor *attn_weights, bool for_size,
-                             int weights_requested, mha_plan *pl) {
+/* make_plan, sizes of the layer: E, H, Hkv, Dh and the projection widths. */
+static sdpa_status plan_sizes(const char *fn, mha_plan *pl) {
     sdpa_status st;
-    memset(pl, 0, sizeof *pl);
-    pl->fn = fn;
-    if (params == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: params is NULL", fn);
-    sdpa_mha_params_init(&pl->p);
-    sdpa_mha_options_init(&pl->o);
-    if ((st = sdpa__read_versioned(fn, "params", "sdpa_mha_params", params, MHA_PARAMS_V1_SIZE, &pl->p,
-                                   sizeof pl->p)) != SDPA_OK ||
-        (st = sdpa__check_reserved(fn, "params->reserved0", pl->p.reserved0)) != SDPA_OK)
-        return st;
-    if (options != NULL && (st = sdpa__read_versioned(fn, "options", "sdpa_mha_options", options,
-                                                      MHA_OPTIONS_V1_SIZE, &pl->o, sizeof pl->o)) != SDPA_OK)
-        return st;
     const sdpa_mha_params *p = &pl->p;
-    const sdpa_mha_options *o = &pl->o;
-
-    /* ---- sizes of the layer */
     if (p->embed_dim < 0 || p->num_heads < 0 || p->num_kv_heads < 0 || p->head_dim < 0 || p->kdim < 0 || p->vdim < 0)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
                           "%s: params sizes must be >= 0 (embed_dim=%lld, num_heads=%lld, num_kv_heads=%lld, head_dim=%lld, kdim=%lld, vdim=%lld)",
@@ -407,8 +387,15 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: E=%lld, H*Dh=%lld, Hkv*Dh=%lld, kdim=%lld, vdim=%lld must each fit in 32 bits (BLAS dimensions)",
                           fn, (long long)E, (long long)Dq, (long long)Dkv, (long long)kdim, (long long)vdim);
     pl->E = E; pl->H = H; pl->Hkv = Hkv; pl->Dh = Dh; pl->Dq = Dq; pl->Dkv = Dkv; pl->kdim = kdim; pl->vdim = vdim;
+    return SDPA_OK;
+}
 
-    /* ---- inputs */
+/* make_plan, inputs: query [B, L, E], key [B, S, kdim], value [B, S, vdim]. */
+static sdpa_status plan_inputs(const char *fn, const sdpa_tensor *query, const sdpa_tensor *key,
+                               const sdpa_tensor *value, mha_plan *pl) {
+    sdpa_status st;
+    const sdpa_mha_params *p = &pl->p;
+    const int64_t E = pl->E, kdim = pl->kdim, vdim = pl->vdim;
     if ((st = sdpa__check_tensor(query, fn, "query", 3, 3)) != SDPA_OK)
         return st;
     const int64_t B = query->shape[0], L = query->shape[1];
@@ -425,8 +412,16 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
     const int64_t S = key->shape[1];
     pl->query = query; pl->key = key; pl->value = value;
     pl->B = B; pl->L = L; pl->S = S;
+    return SDPA_OK;
+}
 
-    /* ---- weights */
+/* make_plan, weights: packed or separate projections, biases, bias_k/bias_v; S' = S + the
+ * appended keys. */
+static sdpa_status plan_weights(const char *fn, mha_plan *pl) {
+    sdpa_status st;
+    const sdpa_mha_params *p = &pl->p;
+    const int64_t E = pl->E, Dq = pl->Dq, Dkv = pl->Dkv, kdim = pl->kdim, vdim = pl->vdim;
+    const int64_t B = pl->B, L = pl->L, S = pl->S;
     const bool packed = p->in_proj_weight != NULL;
     if (packed) {
         if (p->q_proj_weight || p->k_proj_weight || p->v_proj_weight)
@@ -475,8 +470,14 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         L > INT32_MAX || Sp > INT32_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: B*L=%lld*%lld and B*S'=%lld*%lld must fit in 32 bits (BLAS dimensions)",
                           fn, (long long)B, (long long)L, (long long)B, (long long)Sp);
+    return SDPA_OK;
+}
 
-    /* ---- options */
+/* make_plan, options: flags, dropout, lengths, the masks and the additive bias. */
+static sdpa_status plan_options(const char *fn, mha_plan *pl) {
+    sdpa_status st;
+    const sdpa_mha_options *o = &pl->o;
+    const int64_t B = pl->B, H = pl->H, L = pl->L, S = pl->S;
     if ((st = check_flag(fn, "options->causal", o->causal)) != SDPA_OK ||
         (st = check_flag(fn, "options->per_head_weights", o->per_head_weights)) != SDPA_OK ||
         (st = check_flag(fn, "options->training", o->training)) != SDPA_OK)
@@ -522,8 +523,15 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
             return st;
         pl->has_ab = numel(t) > 0;
     }
+    return SDPA_OK;
+}
 
-    /* ---- outputs */
+/* make_plan, outputs: out [B, L, E] and the optional attention weights. */
+static sdpa_status plan_outputs(const char *fn, const sdpa_tensor *out, const sdpa_tensor *attn_weights, bool for_size,
+                                int weights_requested, mha_plan *pl) {
+    sdpa_status st;
+    const sdpa_mha_options *o = &pl->o;
+    const int64_t B = pl->B, H = pl->H, L = pl->L, E = pl->E, Sp = pl->Sp;
     pl->want_weights = for_size ? weights_requested != 0 : attn_weights != NULL;
     pl->per_head = o->per_head_weights != 0;
     pl->avg_weights = pl->want_weights && !pl->per_head;
@@ -557,8 +565,17 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
                 return st;
         }
     }
+    return SDPA_OK;
+}
 
-    /* ---- projections */
+/* make_plan, projections and masks: the GEMM views, and the mask and bias the attention call
+ * gets (built in the workspace when keys are appended or two masks combine). */
+static void plan_projections(mha_plan *pl) {
+    const sdpa_mha_params *p = &pl->p;
+    const sdpa_tensor *query = pl->query, *key = pl->key, *value = pl->value;
+    const sdpa_mha_options *o = &pl->o;
+    const int64_t B = pl->B, H = pl->H, L = pl->L, E = pl->E, Dq = pl->Dq, Dkv = pl->Dkv, Sp = pl->Sp;
+    const bool packed = p->in_proj_weight != NULL;
     if (packed) {
         make_proj(&pl->pq, query, p->in_proj_weight, 0, p->in_proj_bias, 0, B, L, E);
         make_proj(&pl->pk, key, p->in_proj_weight, E, p->in_proj_bias, E, B, Sp, E);
@@ -577,7 +594,7 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
     pl->bo = p->out_proj_bias ? (const float *)p->out_proj_bias->data : NULL;
     pl->bo_stride = p->out_proj_bias ? p->out_proj_bias->strides[0] : 0;
 
-    /* ---- masks: what the attention call gets */
+    /* masks: what the attention call gets */
     const bool extra = pl->X > 0;
     if (extra && (pl->has_am || pl->has_kpm || o->key_lengths || o->causal)) {
         pl->mask_mode = MASK_BUILD;
@@ -603,8 +620,14 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         pl->bshape[2] = pl->ab_strides[2] != 0 ? L : 1;
         pl->bshape[3] = Sp;
     }
+}
 
-    /* ---- workspace layout */
+/* make_plan, workspace layout: the regions (projected q/k/v, attention output, weights, masks,
+ * packing) and the attention's own workspace (its plan through the internal entries). */
+static sdpa_status plan_workspace(const char *fn, mha_plan *pl) {
+    sdpa_status st;
+    const int64_t B = pl->B, H = pl->H, L = pl->L, E = pl->E, Dq = pl->Dq, Dkv = pl->Dkv, Sp = pl->Sp;
+    const int64_t BL = B * L; /* fits: checked in plan_weights */
     size_t sz[R_COUNT];
     memset(sz, 0, sizeof sz);
     sz[R_Q] = bytes_of(sizeof(float), B, L, Dq, 1);
@@ -651,55 +674,92 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         off += align_up(sz[r]);
     }
     pl->total = off + MHA_ALIGN; /* slack to align a caller buffer of any alignment */
+    return SDPA_OK;
+}
 
-    /* ---- overlaps (outputs and the caller workspace against everything else) */
-    if (!for_size) {
-        sdpa__named_span in[20], outs[3];
-        int nin = 0, nout = 0;
+/* make_plan, overlaps: the outputs and the caller workspace against everything else. */
+static sdpa_status plan_overlaps(const char *fn, const sdpa_tensor *query, const sdpa_tensor *key,
+                                 const sdpa_tensor *value, const sdpa_tensor *out, const sdpa_tensor *attn_weights,
+                                 const mha_plan *pl) {
+    const sdpa_mha_params *p = &pl->p;
+    const sdpa_mha_options *o = &pl->o;
+    const int64_t B = pl->B;
+    sdpa__named_span in[20], outs[3];
+    int nin = 0, nout = 0;
 #define MHA_IN_T(nm, t) do { if ((t) != NULL) { in[nin].name = (nm); in[nin++].s = sdpa__tensor_span(t); } } while (0)
-        MHA_IN_T("query", query);
-        MHA_IN_T("key", key);
-        MHA_IN_T("value", value);
-        MHA_IN_T("params->in_proj_weight", p->in_proj_weight);
-        MHA_IN_T("params->q_proj_weight", p->q_proj_weight);
-        MHA_IN_T("params->k_proj_weight", p->k_proj_weight);
-        MHA_IN_T("params->v_proj_weight", p->v_proj_weight);
-        MHA_IN_T("params->in_proj_bias", p->in_proj_bias);
-        MHA_IN_T("params->out_proj_weight", p->out_proj_weight);
-        MHA_IN_T("params->out_proj_bias", p->out_proj_bias);
-        MHA_IN_T("params->bias_k", p->bias_k);
-        MHA_IN_T("params->bias_v", p->bias_v);
-        MHA_IN_T("options->attn_bias", o->attn_bias);
+    MHA_IN_T("query", query);
+    MHA_IN_T("key", key);
+    MHA_IN_T("value", value);
+    MHA_IN_T("params->in_proj_weight", p->in_proj_weight);
+    MHA_IN_T("params->q_proj_weight", p->q_proj_weight);
+    MHA_IN_T("params->k_proj_weight", p->k_proj_weight);
+    MHA_IN_T("params->v_proj_weight", p->v_proj_weight);
+    MHA_IN_T("params->in_proj_bias", p->in_proj_bias);
+    MHA_IN_T("params->out_proj_weight", p->out_proj_weight);
+    MHA_IN_T("params->out_proj_bias", p->out_proj_bias);
+    MHA_IN_T("params->bias_k", p->bias_k);
+    MHA_IN_T("params->bias_v", p->bias_v);
+    MHA_IN_T("options->attn_bias", o->attn_bias);
 #undef MHA_IN_T
-        if (o->attn_mask) { in[nin].name = "options->attn_mask"; in[nin++].s = sdpa__mask_span(o->attn_mask); }
-        if (o->key_padding_mask) {
-            in[nin].name = "options->key_padding_mask";
-            in[nin++].s = sdpa__mask_span(o->key_padding_mask);
-        }
-        if (o->key_lengths && B > 0) {
-            in[nin].name = "options->key_lengths";
-            in[nin].s.lo = (uintptr_t)o->key_lengths;
-            in[nin++].s.hi = (uintptr_t)(o->key_lengths + B);
-        }
-        if (o->query_lengths && B > 0) {
-            in[nin].name = "options->query_lengths";
-            in[nin].s.lo = (uintptr_t)o->query_lengths;
-            in[nin++].s.hi = (uintptr_t)(o->query_lengths + B);
-        }
-        outs[nout].name = "out";
-        outs[nout++].s = sdpa__tensor_span(out);
-        if (attn_weights) {
-            outs[nout].name = "attn_weights";
-            outs[nout++].s = sdpa__tensor_span(attn_weights);
-        }
-        if (o->workspace && o->workspace_bytes > 0) {
-            outs[nout].name = "options->workspace";
-            outs[nout].s.lo = (uintptr_t)o->workspace;
-            outs[nout++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
-        }
-        if ((st = sdpa__check_overlaps(fn, in, nin, outs, nout)) != SDPA_OK)
-            return st;
+    if (o->attn_mask) { in[nin].name = "options->attn_mask"; in[nin++].s = sdpa__mask_span(o->attn_mask); }
+    if (o->key_padding_mask) {
+        in[nin].name = "options->key_padding_mask";
+        in[nin++].s = sdpa__mask_span(o->key_padding_mask);
     }
+    if (o->key_lengths && B > 0) {
+        in[nin].name = "options->key_lengths";
+        in[nin].s.lo = (uintptr_t)o->key_lengths;
+        in[nin++].s.hi = (uintptr_t)(o->key_lengths + B);
+    }
+    if (o->query_lengths && B > 0) {
+        in[nin].name = "options->query_lengths";
+        in[nin].s.lo = (uintptr_t)o->query_lengths;
+        in[nin++].s.hi = (uintptr_t)(o->query_lengths + B);
+    }
+    outs[nout].name = "out";
+    outs[nout++].s = sdpa__tensor_span(out);
+    if (attn_weights) {
+        outs[nout].name = "attn_weights";
+        outs[nout++].s = sdpa__tensor_span(attn_weights);
+    }
+    if (o->workspace && o->workspace_bytes > 0) {
+        outs[nout].name = "options->workspace";
+        outs[nout].s.lo = (uintptr_t)o->workspace;
+        outs[nout++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
+    }
+    return sdpa__check_overlaps(fn, in, nin, outs, nout);
+}
+
+/* Validate everything that does not depend on values, and lay out the workspace, section by
+ * section (the plan_* functions above, in this order). for_size: outputs are not given
+ * (workspace-size query). */
+static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, const sdpa_tensor *query,
+                             const sdpa_tensor *key, const sdpa_tensor *value, const sdpa_mha_options *options,
+                             const sdpa_tensor *out, const sdpa_tensor *attn_weights, bool for_size,
+                             int weights_requested, mha_plan *pl) {
+    sdpa_status st;
+    memset(pl, 0, sizeof *pl);
+    pl->fn = fn;
+    if (params == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: params is NULL", fn);
+    sdpa_mha_params_init(&pl->p);
+    sdpa_mha_options_init(&pl->o);
+    if ((st = sdpa__read_versioned(fn, "params", "sdpa_mha_params", params, MHA_PARAMS_V1_SIZE, &pl->p,
+                                   sizeof pl->p)) != SDPA_OK ||
+        (st = sdpa__check_reserved(fn, "params->reserved0", pl->p.reserved0)) != SDPA_OK)
+        return st;
+    if (options != NULL && (st = sdpa__read_versioned(fn, "options", "sdpa_mha_options", options,
+                                                      MHA_OPTIONS_V1_SIZE, &pl->o, sizeof pl->o)) != SDPA_OK)
+        return st;
+    if ((st = plan_sizes(fn, pl)) != SDPA_OK || (st = plan_inputs(fn, query, key, value, pl)) != SDPA_OK ||
+        (st = plan_weights(fn, pl)) != SDPA_OK || (st = plan_options(fn, pl)) != SDPA_OK ||
+        (st = plan_outputs(fn, out, attn_weights, for_size, weights_requested, pl)) != SDPA_OK)
+        return st;
+    plan_projections(pl);
+    if ((st = plan_workspace(fn, pl)) != SDPA_OK)
+        return st;
+    if (!for_size && (st = plan_overlaps(fn, query, key, value, out, attn_weights, pl)) != SDPA_OK)
+        return st;
     return SDPA_OK;
 }
 
