@@ -21,7 +21,7 @@ static void put_bf16(void *row, int64_t at, float x) { ((uint16_t *)row)[at] = s
 void sdpa__ctx_make_base(sdpa__ctx *c) {
     memset(c, 0, sizeof *c);
     c->mk = sdpa__dispatch_mk(SDPA__MK_F32);
-    c->cv = sdpa__convert_for_isa((int)sdpa__dispatch_isa());
+    c->cv = sdpa__dispatch_convert();
 }
 
 static const char *dtype_tag(const sdpa__plan *p) {

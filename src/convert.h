@@ -140,7 +140,8 @@ void sdpa__narrow_rows(const sdpa__convert *cv, int dtype, const float *src, int
 bool sdpa__finite_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,
                        int64_t cols);
 
-/* The table of ISA level `isa` (SDPA__ISA_* of cpu.h), or NULL if this build or this CPU does
+/* The registry of the tables (defined in dispatch.c, with the micro-kernel registries). The
+ * table of ISA level `isa` (SDPA__ISA_* of cpu.h), or NULL if this build or this CPU does
  * not have it. At AVX512 the AVX512-BF16 variant is returned when the CPU has AVX512-BF16. */
 const sdpa__convert *sdpa__convert_exact(int isa);
 /* The best table at level <= isa that this build and CPU can run; never NULL (loaders). */

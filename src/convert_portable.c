@@ -59,40 +59,6 @@ const sdpa__convert sdpa__convert_portable = {
     "portable", widen_f16, widen_bf16, narrow_f16, narrow_bf16, finite_f16, finite_bf16,
 };
 
-const sdpa__convert *sdpa__convert_exact(int isa) {
-    switch (isa) {
-    case SDPA__ISA_PORTABLE:
-        return &sdpa__convert_portable;
-#if defined(SDPA_HAVE_CONVERT_AVX2)
-    case SDPA__ISA_AVX2:
-        return sdpa__cpu_has_isa(SDPA__ISA_AVX2) ? &sdpa__convert_avx2 : NULL;
-#endif
-#if defined(SDPA_HAVE_CONVERT_AVX512)
-    case SDPA__ISA_AVX512:
-        if (!sdpa__cpu_has_isa(SDPA__ISA_AVX512))
-            return NULL;
-#if defined(SDPA_HAVE_AVX512BF16)
-        if (sdpa__cpu_features()->avx512bf16)
-            return &sdpa__convert_avx512bf16;
-#endif
-        return &sdpa__convert_avx512;
-#endif
-    default:
-        return NULL;
-    }
-}
-
-const sdpa__convert *sdpa__convert_for_isa(int isa) {
-    if (isa >= SDPA__ISA_COUNT)
-        isa = SDPA__ISA_COUNT - 1;
-    for (; isa > SDPA__ISA_PORTABLE; --isa) {
-        const sdpa__convert *c = sdpa__convert_exact(isa);
-        if (c != NULL)
-            return c;
-    }
-    return &sdpa__convert_portable;
-}
-
 void sdpa__widen_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,
                       int64_t cols, float *dst, int64_t ld) {
     for (int64_t r = 0; r < rows; ++r) {

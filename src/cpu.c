@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h> /* sysconf (sdpa__online_cpus) */
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define SDPA__X86 1
@@ -167,4 +168,11 @@ SDPA_API int sdpa_amx_available(void) {
 #else
     return 0;
 #endif
+}
+
+/* Online CPUs, clamped to [1, SDPA__MAX_THREADS] (internal.h; here so that threads.c and
+ * threadpool.c, which both ask, need not call each other). */
+int sdpa__online_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (n > SDPA__MAX_THREADS ? SDPA__MAX_THREADS : (int)n);
 }

@@ -1,5 +1,6 @@
 /* ISA detection once per process and the registry of micro-kernel tables (dispatch.h). */
 #include "dispatch.h"
+#include "convert.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -148,3 +149,41 @@ const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16_tiled(int64_t E, int64_t Ev) {
     return col;
 #endif
 }
+
+/* ---- the conversion tables (convert.h): the fourth registry, by ISA level ---- */
+
+const sdpa__convert *sdpa__convert_exact(int isa) {
+    switch (isa) {
+    case SDPA__ISA_PORTABLE:
+        return &sdpa__convert_portable;
+#if defined(SDPA_HAVE_CONVERT_AVX2)
+    case SDPA__ISA_AVX2:
+        return sdpa__cpu_has_isa(SDPA__ISA_AVX2) ? &sdpa__convert_avx2 : NULL;
+#endif
+#if defined(SDPA_HAVE_CONVERT_AVX512)
+    case SDPA__ISA_AVX512:
+        if (!sdpa__cpu_has_isa(SDPA__ISA_AVX512))
+            return NULL;
+#if defined(SDPA_HAVE_AVX512BF16)
+        if (sdpa__cpu_features()->avx512bf16)
+            return &sdpa__convert_avx512bf16;
+#endif
+        return &sdpa__convert_avx512;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+const sdpa__convert *sdpa__convert_for_isa(int isa) {
+    if (isa >= SDPA__ISA_COUNT)
+        isa = SDPA__ISA_COUNT - 1;
+    for (; isa > SDPA__ISA_PORTABLE; --isa) {
+        const sdpa__convert *c = sdpa__convert_exact(isa);
+        if (c != NULL)
+            return c;
+    }
+    return &sdpa__convert_portable;
+}
+
+const sdpa__convert *sdpa__dispatch_convert(void) { return sdpa__convert_for_isa((int)sdpa__dispatch_isa()); }

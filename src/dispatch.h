@@ -78,6 +78,10 @@ const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16_tiled(int64_t E, int64_t Ev);
  * the following calls of every thread. */
 void sdpa__dispatch_set_amx_for_testing(int allow);
 
+/* The conversion table of the ISA in effect (convert.h; sdpa__convert_for_isa, also here). */
+struct sdpa__convert;
+const struct sdpa__convert *sdpa__dispatch_convert(void);
+
 /* Test hook (never exported): cap the ISA for the following calls of every thread, as
  * SDPA_MAX_ISA would for a new process (still limited by the CPU); isa < 0 returns to the
  * process's choice. Tests that run every ISA in one process use it instead of setenv. */

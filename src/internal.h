@@ -1,4 +1,26 @@
-/* Shared by the files of src/; never installed. Internal non-static names use sdpa__. */
+/* Shared by the files of src/; never installed. Internal non-static names use sdpa__.
+ *
+ * The data flow is one-way (DESIGN.md section 2): a file includes and calls only files of its
+ * own stage or of a stage below it, and the files of one stage make no circle. The stages
+ * (tests/layering/check_layering.py reads this list and fails on an arrow up):
+ *
+ * Stages, top to bottom (a stage: its src/ files):
+ *   entries: mha.c, merge.c, kv_write.c, mask.c
+ *   driver: attention.c
+ *   plan: plan.c, options.c, view.c
+ *   context: context.c
+ *   checks: check.c
+ *   kernels: kernel.c, kernel_*.c, fallback_double.c, dropout.c, softmax.c
+ *   rules: rules.c
+ *   loaders: load.c
+ *   dispatch: dispatch.c
+ *   micro-kernels: microkernel_*.c, convert_*.c, matmul.c
+ *   execution: threads.c, threadpool.c
+ *   platform: cpu.c, status.c
+ *
+ * Interface headers, implemented by several files, are no arrow by being included (a file
+ * that uses a name defined in one of them is): kernel.h, microkernel.h, microkernel_bf16.h,
+ * convert.h, load.h. */
 #ifndef SDPA_INTERNAL_H
 #define SDPA_INTERNAL_H
 
@@ -245,13 +267,8 @@ static inline sdpa__plan sdpa__sizing_plan(const sdpa__plan *p) {
     return sp;
 }
 
-/* ---- varlen.c: packed variable-length batches (0.5, options->cu_seqlens_q) ---- */
+/* ---- attention.c, packed variable-length batches (0.5, options->cu_seqlens_q) ---- */
 
-/* The checks of a packed call that plan.c makes before the shapes (q [1, Hq, total_q, E]; the
- * cu_seqlens arrays; what a packed call cannot take). With cu_seqlens_k, *S is left as
- * k.shape[2] = total_k. */
-sdpa_status sdpa__varlen_check(const char *fn, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_options *o,
-                               const sdpa_tensor *weights, int64_t *S);
 /* sdpa_attention of a packed plan (p from sdpa__plan_make with o->cu_seqlens_q): every
  * sequence's plan and value checks first, then each sequence's kernel. */
 sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o);
@@ -279,7 +296,7 @@ size_t sdpa__check_workspace_bytes(const sdpa__plan *p, int threads);
  * sdpa__check_workspace_bytes(p, threads), 64-byte aligned. */
 sdpa_status sdpa__check_values(const sdpa__plan *p, bool check_kv, int threads, void *ws);
 
-/* The value checks as a phase of the call's region (attention.c, varlen.c): begin fills ph
+/* The value checks as a phase of the call's region (attention.c): begin fills ph
  * (one task per (b, kv head); no task when there is nothing to check) and its gate (false once
  * a task failed); thread t's scratch is tws + t * stride (stride >= sdpa__check_thread_bytes,
  * 64-byte aligned, threads >= the region's threads); after the region, sdpa__check_end gives

@@ -77,7 +77,11 @@ extern const sdpa__kernel sdpa__kernel_decode;
 extern const sdpa__kernel sdpa__kernel_tiled;
 extern const sdpa__kernel sdpa__kernel_reference;
 
-/* How the driver runs a plan (attention.c; varlen.c for each packed sequence): the kernel,
+/* The kernel for the plan: the forced one (options->kernel) if it can serve the call, else the
+ * first of sdpa__kernels AUTO takes; SDPA_ERR_UNSUPPORTED naming fn when a forced one cannot. */
+sdpa_status sdpa__kernel_for(const char *fn, const sdpa__plan *p, const sdpa__kernel **k);
+
+/* How the driver runs a plan (attention.c, also for each packed sequence): the kernel,
  * threads of the region, per-thread scratch (the checks' and the kernel's, the larger) and
  * shared bytes. */
 typedef struct sdpa__exec_plan {

@@ -82,6 +82,62 @@ static sdpa_status check_lengths(const int64_t *len, int64_t B, int64_t max, con
     return SDPA_OK;
 }
 
+/* ---- packed variable-length batches (0.5) ---- */
+
+static sdpa_status check_cu(const char *fn, const char *name, const int32_t *cu, int64_t R, int64_t total,
+                            const char *total_name) {
+    if (cu[0] != 0)
+        return sdpa__fail(SDPA_ERR_INDEX, "%s: options->%s[0]=%d must be 0", fn, name, (int)cu[0]);
+    for (int64_t r = 0; r < R; ++r)
+        if (cu[r + 1] < cu[r])
+            return sdpa__fail(SDPA_ERR_INDEX, "%s: options->%s[%lld]=%d is smaller than %s[%lld]=%d (must not decrease)",
+                              fn, name, (long long)(r + 1), (int)cu[r + 1], name, (long long)r, (int)cu[r]);
+    if (cu[R] != total)
+        return sdpa__fail(SDPA_ERR_INDEX, "%s: options->%s[num_seqs=%lld]=%d must equal %s=%lld", fn, name,
+                          (long long)R, (int)cu[R], total_name, (long long)total);
+    return SDPA_OK;
+}
+
+/* The checks of a packed call (options->cu_seqlens_q) made before the shapes: q [1, Hq,
+ * total_q, E]; the cu_seqlens arrays; what a packed call cannot take. */
+static sdpa_status packed_check(const char *fn, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_options *o,
+                          const sdpa_tensor *weights) {
+    if (q->rank != 4)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: with options->cu_seqlens_q, query must be rank 4, [1, Hq, total_q, E] (query.rank=%d)",
+                          fn, (int)q->rank);
+    if (q->shape[0] != 1)
+        return sdpa__fail(SDPA_ERR_SHAPE, "%s: with options->cu_seqlens_q, query must be [1, Hq, total_q, E] (query.shape[0]=%lld)",
+                          fn, (long long)q->shape[0]);
+    if (weights != NULL)
+        return sdpa__fail(SDPA_ERR_UNSUPPORTED, "%s: weights are not available for a packed batch (cu_seqlens_q); pass weights=NULL", fn);
+    if (o->query_lengths != NULL || o->allow_mask != NULL || o->bias != NULL)
+        return sdpa__fail(SDPA_ERR_UNSUPPORTED, "%s: query_lengths, allow_mask and bias are not available with cu_seqlens_q", fn);
+    if (o->num_seqs < 0 || o->num_seqs > INT32_MAX)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->num_seqs=%lld is outside [0, 2^31)", fn, (long long)o->num_seqs);
+    sdpa_status st = check_cu(fn, "cu_seqlens_q", o->cu_seqlens_q, o->num_seqs, q->shape[2], "total_q=query.shape[2]");
+    if (st != SDPA_OK)
+        return st;
+    if (o->cu_seqlens_k != NULL) {
+        if (o->block_table != NULL)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->cu_seqlens_k and block_table are exclusive (keys come from one of them)", fn);
+        if (k->rank != 4 || k->shape[0] != 1)
+            return sdpa__fail(SDPA_ERR_SHAPE, "%s: with options->cu_seqlens_k, key must be [1, Hkv, total_k, E] (rank %d, shape[0]=%lld)",
+                              fn, (int)k->rank, (long long)k->shape[0]);
+        if ((st = check_cu(fn, "cu_seqlens_k", o->cu_seqlens_k, o->num_seqs, k->shape[2], "total_k=key.shape[2]")) != SDPA_OK)
+            return st;
+        if (o->key_lengths != NULL)
+            for (int64_t r = 0; r < o->num_seqs; ++r) {
+                const int64_t Sr = (int64_t)o->cu_seqlens_k[r + 1] - o->cu_seqlens_k[r];
+                if (o->key_lengths[r] < 0 || o->key_lengths[r] > Sr)
+                    return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->key_lengths[%lld]=%lld is outside [0, S_r=%lld] (cu_seqlens_k)",
+                                      fn, (long long)r, (long long)o->key_lengths[r], (long long)Sr);
+            }
+    } else if (o->block_table == NULL) {
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->cu_seqlens_q needs cu_seqlens_k or a block_table for the keys", fn);
+    }
+    return SDPA_OK;
+}
+
 /* Paged K/V (0.5): k and v are block pools [num_blocks, Hkv, block_size, E / Ev]; the plan's
  * views become the logical [B, Hkv, S = max_blocks_per_seq * block_size, E] with the pool's
  * data and strides and the block table (internal.h). The table's entries are checked by
@@ -173,7 +229,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     p->S = p->k.shape[2];
     p->Ev = p->v.shape[3];
     const int64_t nseq = o->cu_seqlens_q != NULL ? o->num_seqs : p->B; /* rows of key_lengths, block_table */
-    if (o->cu_seqlens_q != NULL && (st = sdpa__varlen_check(FN, q, k, o, weights, &p->S)) != SDPA_OK) return st;
+    if (o->cu_seqlens_q != NULL && (st = packed_check(FN, q, k, o, weights)) != SDPA_OK) return st;
     if (o->block_table != NULL) {
         if ((st = paged_make(p, k, v, o, nseq)) != SDPA_OK) return st;
     } else {

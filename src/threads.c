@@ -57,11 +57,6 @@ double sdpa__thread_work_scale(const sdpa__exec *ex, int64_t threads) {
     return s < 1.0 ? 1.0 : s > 16.0 ? 16.0 : s;
 }
 
-int sdpa__online_cpus(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : (n > SDPA__MAX_THREADS ? SDPA__MAX_THREADS : (int)n);
-}
-
 /* ---- regions: phases of tasks, one start of the threads per call ----
  * Phase k's tasks are claimed dynamically by every thread of the region; the thread that
  * finishes phase k's last task runs its gate and then opens the next phase, so a thread waits
