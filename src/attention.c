@@ -21,17 +21,11 @@ sdpa_status sdpa__exec_plan_make(const char *fn, const sdpa__plan *p, sdpa__exec
         return st;
     x->kernel = k;
     const int kt = k->threads(p), ct = sdpa__check_threads(p);
-    if (k->prepare != NULL) { /* checks and items in one region: its threads serve both */
-        x->threads = kt > ct ? kt : ct;
-        const size_t kb = k->thread_bytes(p), cb = sdpa__check_thread_bytes(p);
-        x->thread_bytes = sdpa__align64(kb > cb ? kb : cb);
-        x->shared_bytes = sdpa__align64(k->shared_bytes(p));
-    } else { /* the checks, then the kernel, each with its own threads */
-        x->threads = kt;
-        const size_t kb = k->workspace_bytes(p, kt), cb = sdpa__check_workspace_bytes(p, ct);
-        x->thread_bytes = 0;
-        x->shared_bytes = kb > cb ? kb : cb;
-    }
+    /* checks and items in one region: its threads serve both */
+    x->threads = kt > ct ? kt : ct;
+    const size_t kb = k->thread_bytes(p), cb = sdpa__check_thread_bytes(p);
+    x->thread_bytes = sdpa__align64(kb > cb ? kb : cb);
+    x->shared_bytes = sdpa__align64(k->shared_bytes(p));
     return SDPA_OK;
 }
 
@@ -99,13 +93,7 @@ sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t
     need -= SDPA__WS_ALIGN_SLACK;
     /* A kernel that checks the K/V rows it streams itself saves the check stage that pass. */
     const bool kv_inline = x.kernel->checks_kv_inline && p->check_finite;
-    if (x.kernel->prepare != NULL) {
-        st = run_region(p, &x, (unsigned char *)ws, !kv_inline);
-    } else {
-        st = sdpa__check_values(p, !kv_inline, sdpa__check_threads(p), ws);
-        if (st == SDPA_OK)
-            st = x.kernel->run(p, x.threads, ws, need);
-    }
+    st = run_region(p, &x, (unsigned char *)ws, !kv_inline);
     free(owned);
     return st;
 }
@@ -266,7 +254,7 @@ static bool inline_checks_passed(void *vctx) {
 typedef struct varlen_ws {
     int64_t nseq;            /* sequences with a query row */
     int threads;
-    size_t thread_bytes, shared, whole, total; /* bytes */
+    size_t thread_bytes, shared, total; /* bytes */
 } varlen_ws;
 
 /* The plans of sequence r (false: nothing to compute); x from sdpa__exec_plan_make. */
@@ -298,14 +286,10 @@ static sdpa_status layout(const char *fn, const sdpa__plan *p, const sdpa_option
         if (!live)
             continue;
         size_t tb = sdpa__check_thread_bytes(&chk);
-        if (x.kernel->prepare != NULL) {
-            tb = x.thread_bytes > tb ? x.thread_bytes : tb;
-            if (sq != NULL)
-                sq[w->nseq].shared_at = w->shared;
-            w->shared = sdpa__add_sat(w->shared, x.shared_bytes);
-        } else {
-            w->whole = x.shared_bytes > w->whole ? x.shared_bytes : w->whole;
-        }
+        tb = x.thread_bytes > tb ? x.thread_bytes : tb;
+        if (sq != NULL)
+            sq[w->nseq].shared_at = w->shared;
+        w->shared = sdpa__add_sat(w->shared, x.shared_bytes);
         w->thread_bytes = sdpa__align64(tb) > w->thread_bytes ? sdpa__align64(tb) : w->thread_bytes;
         threads += x.threads;
         if (sq != NULL) {
@@ -319,7 +303,7 @@ static sdpa_status layout(const char *fn, const sdpa__plan *p, const sdpa_option
     w->threads = threads < p->num_threads ? (int)threads : p->num_threads;
     if (w->threads < 1)
         w->threads = 1;
-    w->total = sdpa__add_sat(sdpa__add_sat(sdpa__align64(w->shared), sdpa__align64(w->whole)),
+    w->total = sdpa__add_sat(sdpa__align64(w->shared),
                              sdpa__mul_sat(w->thread_bytes, (size_t)w->threads));
     if (w->total == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", fn);
@@ -373,8 +357,8 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
         return st;
     }
     unsigned char *base = (unsigned char *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
-    unsigned char *shared = base, *whole = base + sdpa__align64(w.shared);
-    unsigned char *tws = whole + sdpa__align64(w.whole);
+    unsigned char *shared = base;
+    unsigned char *tws = shared + sdpa__align64(w.shared);
     /* Phase 1 in sequence order: every sequence's checks (K/V rows too, except for a kernel
      * that checks those inline); gate 1. Phase 2: the items of such kernels (decode; they write
      * no output), gate 2 = their inline checks. Phase 3: the other items (they write), long
@@ -389,14 +373,13 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
             cu[nc++] = (unit){ctasks, ph.ntasks, ph.fn, ph.ctx};
             ctasks += ph.ntasks;
         }
-        if (q->x.kernel->prepare != NULL)
-            q->x.kernel->prepare(&q->run_plan, shared + q->shared_at, tws, w.thread_bytes, &q->w);
+        q->x.kernel->prepare(&q->run_plan, shared + q->shared_at, tws, w.thread_bytes, &q->w);
     }
     unit *iu = ku + n; /* after the other kernels' units */
     for (int pass = 0; pass < 2; ++pass)
         for (int64_t r = 0; r < w.nseq; ++r) {
             seq *q = &sq[r];
-            if (q->x.kernel->prepare == NULL || q->w.items == 0)
+            if (q->w.items == 0)
                 continue;
             if (q->x.kernel->verify != NULL) {
                 if (pass == 0) {
@@ -443,14 +426,9 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
         st = sdpa__fail(bad_st, "%s [in packed sequence r=%lld: the b=0 above stands for this sequence, its i for packed query row cu_seqlens_q[%lld] + i = %d + i, its j for the sequence's key j]",
                         msg, (long long)rr, (long long)rr, (int)o->cu_seqlens_q[rr]);
     }
-    /* Each sequence's finish (decode's merge and writes), then the kernels that run whole. */
-    for (int64_t r = 0; r < w.nseq && st == SDPA_OK; ++r) {
-        seq *q = &sq[r];
-        if (q->x.kernel->prepare != NULL)
-            st = q->w.finish(q->w.ctx);
-        else
-            st = q->x.kernel->run(&q->run_plan, q->x.threads, whole, q->x.shared_bytes);
-    }
+    /* Each sequence's finish (decode's merge and writes). */
+    for (int64_t r = 0; r < w.nseq && st == SDPA_OK; ++r)
+        st = sq[r].w.finish(sq[r].w.ctx);
     free(sq);
     free(owned);
     return st;

@@ -1,11 +1,35 @@
 /* The kernel interface: every attention kernel is one sdpa__kernel entry, registered in ONE
  * table (sdpa__kernels, kernel.c's order of preference) that SDPA_KERNEL_AUTO walks; a forced
- * kernel (options->kernel) is looked up in the same table by id. A new kernel (paged, AMX, ...)
- * is one entry here plus its file; attention.c does not change.
+ * kernel (options->kernel) is looked up in the same table by id (sdpa__kernel_for). A new
+ * kernel (paged, AMX, ...) is one entry here plus its file; attention.c does not change.
+ * Every kernel runs in one mode: prepare() describes its work as items, which run as a phase
+ * of the call's one parallel region after the value checks, then finish() on the calling
+ * thread.
  *
- * Data flow: attention.c (entry) -> plan.c -> check.c -> kernel items / run -> loaders /
- * micro-kernels (the checks and the items run in one parallel region of attention.c).
- * A kernel reads the plan only; it never calls back into attention.c, plan.c or check.c. */
+ * Data flow: attention.c (entry, driver) -> plan.c -> context.c -> check.c -> kernel items ->
+ * loaders / micro-kernels (the stage order at the top of internal.h; tests/layering checks
+ * it). A kernel reads the plan and its call context (plan->ctx) only; it never calls back into
+ * attention.c, plan.c or check.c, and never consults dispatch, the environment or a dtype.
+ *
+ * Adding a storage dtype (the 8-bit K/V caches of the companion issue, q8_0 and FP8) touches:
+ *   1. the dtype enum (include/sdpa.h) and view validation (view.c: its element size, which
+ *      entry points compute it);
+ *   2. its loaders (load.c, and load.h if a new raw-row form is needed): rows widened exactly
+ *      to float32 for every addressing (strided, paged), row_finite, rows_raw in place;
+ *   3. its conversions (convert*.c: widen, narrow for sdpa_kv_write, finite scans), per ISA;
+ *   4. its micro-kernel entries (microkernel*.c): the decode rows kernels on K/V as stored
+ *      (sdpa__mk_kv, one column per dtype and ISA), and a column that reads it raw if one is
+ *      wanted (as the bf16 column, dispatch.h sdpa__mk_bf16), registered in dispatch.c;
+ *   5. the context builder (context.c): which entries, element sizes and tile sizes a call of
+ *      that dtype gets (decode's kv_k / kv_v and k_elem / v_elem, the tiled column, the
+ *      write-back if out may have it, the sdpa_last_kernel() tag);
+ *   6. docs (sdpa.h, DESIGN.md, README) and tests (test_load.c for the loaders, test_convert.c,
+ *      the kernels' and serving tests, tests/bitid for the other dtypes' bits).
+ * Nothing in kernel_tiled.c, kernel_decode.c, kernel_reference.c, plan.c or check.c changes:
+ * the kernels read rows through the plan's loaders and call the operations the context chose
+ * (tiled: Q packing, K tiles, scores and P.V, f32 or the column's; decode: q rows and scores on
+ * K as stored or the column's, P.V on V as stored), and write rows through the context's
+ * write-back. A new addressing is a loader. */
 #ifndef SDPA_KERNEL_H
 #define SDPA_KERNEL_H
 
@@ -49,13 +73,7 @@ typedef struct sdpa__kernel {
     sdpa__fit (*supports)(const sdpa__plan *p, const char **why);
     /* Threads this call runs: a function of the shape and p->num_threads only. */
     int (*threads)(const sdpa__plan *p);
-    /* A kernel runs either as work items (tiled, decode: the fields below; workspace_bytes
-     * and run NULL) or whole (reference: workspace_bytes and run; the item fields NULL). */
-    /* Whole: workspace bytes for that many threads (SIZE_MAX = overflow). */
-    size_t (*workspace_bytes)(const sdpa__plan *p, int threads);
-    /* Whole: compute out (and weights, lse as the plan asks); ws is 64-byte aligned, ws_bytes
-     * at least workspace_bytes(p, threads). Sets sdpa_last_kernel(). */
-    sdpa_status (*run)(const sdpa__plan *p, int threads, void *ws, size_t ws_bytes);
+    /* Every kernel runs as work items (one mode): */
     /* Items: scratch bytes per thread (64-byte multiple) and bytes of the call's shared state
      * (the kernel's context and its partial results; SIZE_MAX = overflow). */
     size_t (*thread_bytes)(const sdpa__plan *p);
@@ -86,9 +104,9 @@ sdpa_status sdpa__kernel_for(const char *fn, const sdpa__plan *p, const sdpa__ke
  * shared bytes. */
 typedef struct sdpa__exec_plan {
     const sdpa__kernel *kernel;
-    int threads;         /* of the region (or of a whole kernel's run) */
-    size_t thread_bytes; /* itemised: per thread, 64-byte multiple */
-    size_t shared_bytes; /* itemised: the kernel's shared state; whole: its workspace */
+    int threads;         /* of the region */
+    size_t thread_bytes; /* per thread, 64-byte multiple */
+    size_t shared_bytes; /* the kernel's shared state */
 } sdpa__exec_plan;
 sdpa_status sdpa__exec_plan_make(const char *fn, const sdpa__plan *p, sdpa__exec_plan *x);
 

@@ -255,13 +255,25 @@ static void p_times_v(const sdpa__plan *p, const sdpa__mk *mk, int64_t b, int64_
     mk->unpack_lanes(ot, nl, rows, Ev, otile, (ptrdiff_t)Ev);
 }
 
-static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw, size_t ws_bytes) {
-    (void)threads; /* the calling thread only */
-    const layout l = make_layout(p);
-    if (ws_bytes < l.total)
-        return sdpa__fail(SDPA_ERR_INTERNAL, "sdpa_attention: internal workspace of %zu bytes is below %zu", ws_bytes,
-                          l.total);
-    unsigned char *ws = (unsigned char *)ws_raw;
+/* The call's context: items = (b, h, block of row_block query rows), each written out by its
+ * item with the thread's scratch (a layout each). */
+typedef struct rctx {
+    const sdpa__plan *p;
+    layout lay;
+    unsigned char *ws;
+    size_t tstride; /* thread t's scratch: ws + t * tstride */
+    sdpa__dropout drop;
+    bool score_stage;
+    int64_t nblocks; /* query-row blocks per (b, h) */
+} rctx;
+
+/* One item: the block's score tile, its rows' softmax and outputs, then P.V for the rows that
+ * need it. */
+static void reference_item(void *vctx, int64_t task, int tid) {
+    const rctx *c = (const rctx *)vctx;
+    const sdpa__plan *p = c->p;
+    const layout l = c->lay;
+    unsigned char *ws = c->ws + (size_t)tid * c->tstride;
     uint8_t *allowed = ws + l.flags, *state = ws + l.state;
     float *tile = (float *)(ws + l.tile), *otile = (float *)(ws + l.otile);
     float *qt = (float *)(ws + l.qt), *st = (float *)(ws + l.st), *pt = (float *)(ws + l.pt);
@@ -271,71 +283,81 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
     for (int64_t t = 0; t < block_lanes(p); ++t)
         ones[t] = 1.0f;
     void *acc = ws + l.acc;
-    const bool score_stage = p->has_weights && p->weights_stage != SDPA_WEIGHTS_PROBABILITIES;
-    sdpa__dropout drop;
-    sdpa__dropout_init(&drop, p);
-
-    for (int64_t b = 0; b < p->B; ++b) {
-        for (int64_t h = 0; h < p->Hq; ++h) {
-            const int64_t g = h / p->group;
-            for (int64_t i0 = 0; i0 < p->L; i0 += p->row_block) {
-                const int64_t rows = p->L - i0 < p->row_block ? p->L - i0 : p->row_block;
-                /* Keys the block can need: the union of the rows' structural ranges. */
-                int64_t jlo = p->S, jhi = 0;
-                for (int64_t r = 0; r < rows; ++r) {
-                    int64_t lo, hi;
-                    if (sdpa__rule_is_padding(&p->rules, b, i0 + r))
-                        continue;
-                    sdpa__rule_range(&p->rules, b, i0 + r, &lo, &hi);
-                    if (lo < hi) {
-                        jlo = lo < jlo ? lo : jlo;
-                        jhi = hi > jhi ? hi : jhi;
-                    }
-                }
-                if (score_stage) {
-                    jlo = 0;
-                    jhi = p->S;
-                }
-                const int64_t n = jhi > jlo ? jhi - jlo : 0;
-                if (n > 0)
-                    scores(p, mk, b, h, g, i0, rows, jlo, n, tile, qt, st, ktile);
-                bool need_pv = false;
-                for (int64_t r = 0; r < rows; ++r) {
-                    const int64_t i = i0 + r;
-                    void *orow;
-                    float *wrow, *lrow;
-                    row_outputs(p, b, h, i, &orow, &wrow, &lrow);
-                    state[r] = (uint8_t)softmax_row(p, &drop, b, h, i, tile + r * n, jlo, n, allowed, acc, orow,
-                                                    wrow, lrow);
-                    if (state[r] == ROW_DONE)
-                        memset(tile + r * n, 0, (size_t)n * sizeof(float)); /* no contribution to P.V */
-                    else
-                        need_pv = true;
-                }
-                if (!need_pv || p->Ev == 0)
-                    continue;
-                p_times_v(p, mk, b, g, rows, jlo, n, tile, allowed, pt, st, ot, vtile, vg, ones, otile);
-                for (int64_t r = 0; r < rows; ++r) {
-                    if (state[r] != ROW_PV)
-                        continue;
-                    const int64_t i = i0 + r;
-                    void *orow;
-                    float *wrow, *lrow;
-                    row_outputs(p, b, h, i, &orow, &wrow, &lrow);
-                    bool finite = true;
-                    for (int64_t d = 0; d < p->Ev; ++d) {
-                        const float x = drop.on ? otile[r * p->Ev + d] * drop.scale : otile[r * p->Ev + d];
-                        sdpa__out_put(p, orow, d, x);
-                        finite = finite && isfinite(x);
-                    }
-                    if (!finite) /* the float32 P.V sum overflowed (|v| near FLT_MAX): redo in double */
-                        sdpa__fallback_row_double(p, &drop, b, h, i, acc, orow, wrow, lrow);
-                }
-            }
+    const sdpa__dropout *drop = &c->drop;
+    const int64_t bh = task / c->nblocks, b = bh / p->Hq, h = bh % p->Hq, g = h / p->group;
+    const int64_t i0 = task % c->nblocks * p->row_block;
+    const int64_t rows = p->L - i0 < p->row_block ? p->L - i0 : p->row_block;
+    /* Keys the block can need: the union of the rows' structural ranges. */
+    int64_t jlo = p->S, jhi = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t lo, hi;
+        if (sdpa__rule_is_padding(&p->rules, b, i0 + r))
+            continue;
+        sdpa__rule_range(&p->rules, b, i0 + r, &lo, &hi);
+        if (lo < hi) {
+            jlo = lo < jlo ? lo : jlo;
+            jhi = hi > jhi ? hi : jhi;
         }
     }
-    sdpa__set_kernel_path("reference", sdpa__dtype_tag(p));
+    if (c->score_stage) {
+        jlo = 0;
+        jhi = p->S;
+    }
+    const int64_t n = jhi > jlo ? jhi - jlo : 0;
+    if (n > 0)
+        scores(p, mk, b, h, g, i0, rows, jlo, n, tile, qt, st, ktile);
+    bool need_pv = false;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        void *orow;
+        float *wrow, *lrow;
+        row_outputs(p, b, h, i, &orow, &wrow, &lrow);
+        state[r] = (uint8_t)softmax_row(p, drop, b, h, i, tile + r * n, jlo, n, allowed, acc, orow, wrow, lrow);
+        if (state[r] == ROW_DONE)
+            memset(tile + r * n, 0, (size_t)n * sizeof(float)); /* no contribution to P.V */
+        else
+            need_pv = true;
+    }
+    if (!need_pv || p->Ev == 0)
+        return;
+    p_times_v(p, mk, b, g, rows, jlo, n, tile, allowed, pt, st, ot, vtile, vg, ones, otile);
+    for (int64_t r = 0; r < rows; ++r) {
+        if (state[r] != ROW_PV)
+            continue;
+        const int64_t i = i0 + r;
+        void *orow;
+        float *wrow, *lrow;
+        row_outputs(p, b, h, i, &orow, &wrow, &lrow);
+        bool finite = true;
+        for (int64_t d = 0; d < p->Ev; ++d) {
+            const float x = drop->on ? otile[r * p->Ev + d] * drop->scale : otile[r * p->Ev + d];
+            sdpa__out_put(p, orow, d, x);
+            finite = finite && isfinite(x);
+        }
+        if (!finite) /* the float32 P.V sum overflowed (|v| near FLT_MAX): redo in double */
+            sdpa__fallback_row_double(p, drop, b, h, i, acc, orow, wrow, lrow);
+    }
+}
+
+static sdpa_status reference_finish(void *vctx) {
+    const rctx *c = (const rctx *)vctx;
+    sdpa__set_kernel_path("reference", sdpa__dtype_tag(c->p));
     return SDPA_OK;
+}
+
+static void reference_prepare(const sdpa__plan *p, void *shared, unsigned char *tws, size_t tstride, sdpa__work *w) {
+    rctx *c = (rctx *)shared;
+    c->p = p;
+    c->lay = make_layout(p);
+    c->ws = tws;
+    c->tstride = tstride;
+    sdpa__dropout_init(&c->drop, p);
+    c->score_stage = p->has_weights && p->weights_stage != SDPA_WEIGHTS_PROBABILITIES;
+    c->nblocks = (p->L + p->row_block - 1) / p->row_block;
+    w->items = p->B * p->Hq * c->nblocks;
+    w->item = reference_item;
+    w->ctx = c;
+    w->finish = reference_finish;
 }
 
 static sdpa__fit reference_supports(const sdpa__plan *p, const char **why) {
@@ -349,9 +371,11 @@ static int reference_threads(const sdpa__plan *p) {
     return 1;
 }
 
-static size_t reference_workspace_bytes(const sdpa__plan *p, int threads) {
-    (void)threads;
-    return make_layout(p).total;
+static size_t reference_thread_bytes(const sdpa__plan *p) { return make_layout(p).total; }
+
+static size_t reference_shared_bytes(const sdpa__plan *p) {
+    (void)p;
+    return sdpa__align64(sizeof(rctx));
 }
 
 const sdpa__kernel sdpa__kernel_reference = {
@@ -360,6 +384,7 @@ const sdpa__kernel sdpa__kernel_reference = {
     .checks_kv_inline = false,
     .supports = reference_supports,
     .threads = reference_threads,
-    .workspace_bytes = reference_workspace_bytes,
-    .run = reference_run,
+    .thread_bytes = reference_thread_bytes,
+    .shared_bytes = reference_shared_bytes,
+    .prepare = reference_prepare,
 };
