@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char FN[] = "sdpa_attention";
 
 #define SDPA__WS_ALIGN_SLACK 64u
 
@@ -68,16 +67,16 @@ static sdpa_status run_region(const sdpa__plan *p, const sdpa__exec_plan *x, uns
 
 sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t workspace_bytes) {
     sdpa__exec_plan x;
-    sdpa_status st = sdpa__exec_plan_make(FN, p, &x);
+    sdpa_status st = sdpa__exec_plan_make(p->fn, p, &x);
     if (st != SDPA_OK)
         return st;
     size_t need = sdpa__add_sat(exec_bytes(&x), SDPA__WS_ALIGN_SLACK);
     if (need == SIZE_MAX)
-        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", FN);
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", p->fn);
     if (workspace != NULL && workspace_bytes < need)
         return sdpa__fail(SDPA_ERR_WORKSPACE_TOO_SMALL,
                           "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
-                          FN, workspace_bytes, need);
+                          p->fn, workspace_bytes, need);
     if (p->B == 0 || p->Hq == 0 || p->L == 0) { /* no query row: nothing to check or write */
         sdpa__set_kernel("none");
         return SDPA_OK;
@@ -86,7 +85,7 @@ sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t
     if (ws == NULL) {
         owned = ws = malloc(need);
         if (ws == NULL)
-            return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", FN, need);
+            return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", p->fn, need);
     }
     /* Any caller alignment is accepted: the size includes 64 bytes of slack to round up. */
     ws = (void *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
@@ -107,29 +106,26 @@ SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const s
     sdpa__clear_error();
     if (bytes == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: bytes is NULL", fn);
-    /* the validation of sdpa_attention, its messages naming this function */
-    sdpa_status st = sdpa__rename_error(sdpa__plan_make(q, k, v, options, NULL, NULL, NULL, true, &p, &o), FN, fn);
-    if (st != SDPA_OK)
-        return st;
+    /* the validation of sdpa_attention, its messages naming this function (fn) */
+    SDPA__TRY(sdpa__plan_make(fn, q, k, v, options, NULL, NULL, NULL, true, &p, &o));
     p.has_weights = weights_requested != 0;
     if (o.cu_seqlens_q != NULL && p.has_weights)
         return sdpa__fail(SDPA_ERR_UNSUPPORTED,
                           "%s: weights are not available for a packed batch (cu_seqlens_q); pass weights_requested=0",
                           fn);
     if (o.cu_seqlens_q != NULL)
-        return sdpa__rename_error(sdpa__varlen_workspace_bytes(fn, &p, &o, bytes), FN, fn);
-    return sdpa__rename_error(sdpa__attention_workspace_bytes(fn, &p, bytes), FN, fn);
+        return sdpa__varlen_workspace_bytes(fn, &p, &o, bytes);
+    return sdpa__attention_workspace_bytes(fn, &p, bytes);
 }
 
 SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
                                     const sdpa_options *options, const sdpa_tensor *out,
                                     const sdpa_tensor *weights, const sdpa_tensor *lse) {
+    static const char fn[] = "sdpa_attention";
     sdpa__plan p;
     sdpa_options o;
     sdpa__clear_error();
-    sdpa_status st = sdpa__plan_make(q, k, v, options, out, weights, lse, false, &p, &o);
-    if (st != SDPA_OK)
-        return st;
+    SDPA__TRY(sdpa__plan_make(fn, q, k, v, options, out, weights, lse, false, &p, &o));
     if (o.cu_seqlens_q != NULL)
         return sdpa__varlen_run(&p, &o);
     return sdpa__attention_planned(&p, o.workspace, o.workspace_bytes);
@@ -329,7 +325,7 @@ sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, co
 
 sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     varlen_ws w;
-    sdpa_status st = layout(FN, p, o, &w, NULL);
+    sdpa_status st = layout(p->fn, p, o, &w, NULL);
     if (st != SDPA_OK)
         return st;
     if (w.total == 0) {
@@ -339,7 +335,7 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     if (o->workspace != NULL && o->workspace_bytes < w.total)
         return sdpa__fail(SDPA_ERR_WORKSPACE_TOO_SMALL,
                           "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
-                          FN, o->workspace_bytes, w.total);
+                          p->fn, o->workspace_bytes, w.total);
     const size_t n = (size_t)w.nseq;
     seq *sq = n <= SIZE_MAX / (sizeof(seq) + 3 * sizeof(unit)) ? malloc(n * (sizeof(seq) + 3 * sizeof(unit))) : NULL;
     void *ws = o->workspace, *owned = NULL;
@@ -348,10 +344,10 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     if (ws == NULL || sq == NULL) {
         free(owned);
         free(sq);
-        return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", FN, w.total);
+        return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", p->fn, w.total);
     }
     unit *cu = (unit *)(void *)(sq + n), *ku = cu + n;
-    if ((st = layout(FN, p, o, &w, sq)) != SDPA_OK) { /* the same answer as above */
+    if ((st = layout(p->fn, p, o, &w, sq)) != SDPA_OK) { /* the same answer as above */
         free(owned);
         free(sq);
         return st;
@@ -411,7 +407,7 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
         if ((bad_st = sdpa__check_values(&sq[r].chk_plan, true, w.threads, tws)) != SDPA_OK)
             first_bad = r;
     if (g.stopped && first_bad < 0)
-        st = sdpa__fail(SDPA_ERR_INTERNAL, "%s: a packed sequence's checks gave two answers", FN);
+        st = sdpa__fail(SDPA_ERR_INTERNAL, "%s: a packed sequence's checks gave two answers", p->fn);
     if (first_bad >= 0) { /* name the sequence and its first packed row */
         int64_t rr = 0; /* its index among all sequences: the r of the message */
         for (int64_t r = 0, live = 0; r < o->num_seqs; ++r) {

@@ -9,7 +9,6 @@
 #include <stdatomic.h>
 #include <string.h>
 
-static const char FN[] = "sdpa_attention";
 
 /* ---- value checks (before any write): empty rows under policy ERROR, and the finite check ----
  * One task per (b, kv head g), in parallel; each task looks for its first failure in the
@@ -24,7 +23,7 @@ typedef struct check_err {
     float value;
 } check_err;
 
-static sdpa_status report(const check_err *e);
+static sdpa_status report(const char *fn, const check_err *e);
 
 typedef sdpa__check check_ctx;
 
@@ -180,7 +179,7 @@ static sdpa_status check_end(check_ctx *c) {
             e = x;
     }
     if (e == NULL)
-        return sdpa__fail(SDPA_ERR_INTERNAL, "%s: a value check failed without a record", FN);
+        return sdpa__fail(SDPA_ERR_INTERNAL, "%s: a value check failed without a record", p->fn);
     if (!c->check_kv && p->check_finite && e->task > 0) {
         /* K/V rows are left to the kernel, but in the scan's order those of the earlier tasks
          * come before this failure: check them, so the failure named is the full scan's. */
@@ -188,9 +187,9 @@ static sdpa_status check_end(check_ctx *c) {
         const sdpa_status st = check_run(p, (const sdpa__mk *)c->mk, c->threads, true, first.task, c->ws);
         if (st != SDPA_OK)
             return st;
-        return report(&first);
+        return report(p->fn, &first);
     }
-    return report(e);
+    return report(p->fn, e);
 }
 
 sdpa_status sdpa__check_end(sdpa__check *c) { return check_end(c); }
@@ -207,22 +206,23 @@ static sdpa_status check_run(const sdpa__plan *p, const sdpa__mk *mk, int thread
     return st != SDPA_OK ? st : check_end(&c);
 }
 
-static sdpa_status report(const check_err *e) {
+static sdpa_status report(const char *fn, const check_err *e) {
     const long long b = (long long)e->b, h = (long long)e->h, i = (long long)e->i, j = (long long)e->j;
     switch (e->kind) {
     case ERR_BIAS:
-        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: bias at (b=%lld,h=%lld,i=%lld,j=%lld) is %s on an allowed pair", FN,
-                          b, h, i, j, isnan(e->value) ? "NaN" : "+Inf");
+        return sdpa__fail_on(SDPA_ERR_NON_FINITE, SDPA__SUBJECT_BIAS,
+                             "%s: bias at (b=%lld,h=%lld,i=%lld,j=%lld) is %s on an allowed pair", fn, b, h, i, j,
+                             isnan(e->value) ? "NaN" : "+Inf");
     case ERR_QROW:
-        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: query row (b=%lld,h=%lld,i=%lld) holds NaN or Inf", FN, b, h, i);
+        return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: query row (b=%lld,h=%lld,i=%lld) holds NaN or Inf", fn, b, h, i);
     case ERR_EMPTY:
         return sdpa__fail(SDPA_ERR_EMPTY_ROW,
                           "%s: query row (b=%lld,h=%lld,i=%lld) has no allowed key (use SDPA_EMPTY_ROWS_ZERO to get a zero row)",
-                          FN, b, h, i);
+                          fn, b, h, i);
     case ERR_KROW:
-        return sdpa__fail_kv_row(e->b, e->h, e->j, false);
+        return sdpa__fail_kv_row(fn, e->b, e->h, e->j, false);
     default:
-        return sdpa__fail_kv_row(e->b, e->h, e->j, true);
+        return sdpa__fail_kv_row(fn, e->b, e->h, e->j, true);
     }
 }
 

@@ -40,18 +40,31 @@
 
 /* ---- status.c: thread-local detail message and kernel name ---- */
 
-/* Record a failure detail ("printf" style) for sdpa_last_error_message(); returns status. */
+/* Record a failure detail ("printf" style) for sdpa_last_error_message(); returns status.
+ * Messages begin with the public entry's name, which travels as a parameter (fn, or the plan's
+ * fn): an entry that reuses another's validation passes its own name. */
 sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...) SDPA__PRINTF(2, 3);
+/* What a failure is about, as data for a caller that words its own message (mha.c): */
+enum { SDPA__SUBJECT_NONE = 0, SDPA__SUBJECT_BIAS = 1 };
+/* sdpa__fail, also recording the subject that sdpa__last_subject() returns (sdpa__fail and
+ * sdpa__clear_error reset it to NONE). */
+sdpa_status sdpa__fail_on(sdpa_status status, int subject, const char *fmt, ...) SDPA__PRINTF(3, 4);
+int sdpa__last_subject(void);
 void sdpa__clear_error(void);
-/* A failure's message that begins "from:" begins "to:" instead (an entry point reusing another's
- * validation, e.g. sdpa_attention_workspace_size over sdpa__plan_make); returns status. */
-sdpa_status sdpa__rename_error(sdpa_status status, const char *from, const char *to);
+/* Forward a failure: `SDPA__TRY(expr);` returns expr's status from the calling function unless
+ * it is SDPA_OK (zstd's FORWARD_IF_ERROR). */
+#define SDPA__TRY(expr)                                                                                            \
+    do {                                                                                                           \
+        const sdpa_status sdpa__try_st = (expr);                                                                   \
+        if (sdpa__try_st != SDPA_OK)                                                                               \
+            return sdpa__try_st;                                                                                   \
+    } while (0)
 void sdpa__set_kernel(const char *name);
 /* sdpa_last_kernel() = name followed by tag ("tiled-avx512" + "-f16"; tag "" or NULL: name). */
 void sdpa__set_kernel_path(const char *name, const char *tag);
 /* The finite check's failure for key (value = false) or value row j of (b, kv head g), as
  * sdpa_attention reports it (used by check.c and by kernels that check K/V rows inline). */
-sdpa_status sdpa__fail_kv_row(int64_t b, int64_t g, int64_t j, bool value);
+sdpa_status sdpa__fail_kv_row(const char *fn, int64_t b, int64_t g, int64_t j, bool value);
 
 /* ---- view.c: validation of views ---- */
 
@@ -173,6 +186,7 @@ typedef struct sdpa__exec {
     void *hook_ctx;
     sdpa_threadpool *pool;
     bool sizing; /* a workspace-size query: plan for the most threads a call may use (below) */
+    const char *fn; /* the public entry's name, for messages (a hook that broke its contract) */
 } sdpa__exec;
 
 /* The sink of head h of a plan-like sinks pointer: -inf = none. */
@@ -220,6 +234,7 @@ typedef struct sdpa__ctx {
 /* ---- attention plan shared by attention.c and the kernels ---- */
 
 typedef struct sdpa__plan {
+    const char *fn;                         /* the public entry's name, for messages */
     int64_t B, Hq, Hkv, L, S, E, Ev, group; /* group = Hq / Hkv */
     int64_t num_blocks;                     /* paged K/V (0.5): blocks of the pool, else 0 */
     sdpa__view4 q, k, v, out;
@@ -254,8 +269,9 @@ void sdpa__ctx_make_base(sdpa__ctx *c);
 
 /* Validate everything of an sdpa_attention call that does not depend on tensor values and
  * fill the plan; *o receives the options read. Outputs may be NULL only when for_size
- * (workspace-size query). Messages name sdpa_attention. */
-sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+ * (workspace-size query). Messages name fn (the public entry: sdpa_attention, or
+ * sdpa_attention_workspace_size), and so do those of every later stage (p->fn). */
+sdpa_status sdpa__plan_make(const char *fn, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
                             const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
                             const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o);
 

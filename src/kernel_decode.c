@@ -650,7 +650,7 @@ static sdpa_status first_nonfinite_kv(const sdpa__plan *p, const sdpa__mk *mk, i
     int64_t b, g, j;
     bool isv;
     if (nonfinite_kv_at(p, mk, cnt, used, &b, &g, &j, &isv))
-        return sdpa__fail_kv_row(b, g, j, isv);
+        return sdpa__fail_kv_row(p->fn, b, g, j, isv);
     return SDPA_OK;
 }
 

@@ -57,10 +57,9 @@ static sdpa__rules band_rules(int64_t L, int64_t S, int causal, sdpa_alignment a
 
 SDPA_API sdpa_status sdpa_mask_causal(uint8_t *out, int64_t L, int64_t S, sdpa_alignment alignment) {
     static const char fn[] = "sdpa_mask_causal";
-    sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_matrix(fn, out, L, S, "L", "S")) != SDPA_OK) return st;
-    if ((st = check_alignment(fn, alignment)) != SDPA_OK) return st;
+    SDPA__TRY(check_matrix(fn, out, L, S, "L", "S"));
+    SDPA__TRY(check_alignment(fn, alignment));
     const sdpa__rules r = band_rules(L, S, 1, alignment, -1, -1);
     fill_rule(out, S, 0, 0, &r);
     return SDPA_OK;
@@ -69,10 +68,9 @@ SDPA_API sdpa_status sdpa_mask_causal(uint8_t *out, int64_t L, int64_t S, sdpa_a
 SDPA_API sdpa_status sdpa_mask_sliding_window(uint8_t *out, int64_t L, int64_t S, int64_t left, int64_t right,
                                               sdpa_alignment alignment) {
     static const char fn[] = "sdpa_mask_sliding_window";
-    sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_matrix(fn, out, L, S, "L", "S")) != SDPA_OK) return st;
-    if ((st = check_alignment(fn, alignment)) != SDPA_OK) return st;
+    SDPA__TRY(check_matrix(fn, out, L, S, "L", "S"));
+    SDPA__TRY(check_alignment(fn, alignment));
     if (left < -1 || right < -1)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: left=%lld, right=%lld must be >= -1 (-1 = unbounded)", fn,
                           (long long)left, (long long)right);
@@ -87,9 +85,8 @@ SDPA_API sdpa_status sdpa_mask_sliding_window(uint8_t *out, int64_t L, int64_t S
 SDPA_API sdpa_status sdpa_mask_padding(uint8_t *out, int64_t B, int64_t N, const int64_t *lengths,
                                        sdpa_padding_side side) {
     static const char fn[] = "sdpa_mask_padding";
-    sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_matrix(fn, out, B, N, "B", "N")) != SDPA_OK) return st;
+    SDPA__TRY(check_matrix(fn, out, B, N, "B", "N"));
     if (B > 0 && lengths == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: lengths is NULL", fn);
     if (side != SDPA_PAD_RIGHT && side != SDPA_PAD_LEFT)
@@ -119,7 +116,6 @@ static sdpa_status check_cu(const char *fn, const char *name, const int64_t *cu,
 SDPA_API sdpa_status sdpa_mask_block_diagonal(uint8_t *out, int64_t num_seqs, const int64_t *cu_seqlens_q,
                                               const int64_t *cu_seqlens_k, int32_t causal, sdpa_alignment alignment) {
     static const char fn[] = "sdpa_mask_block_diagonal";
-    sdpa_status st;
     sdpa__clear_error();
     if (num_seqs < 0)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: num_seqs=%lld must be >= 0", fn, (long long)num_seqs);
@@ -128,11 +124,11 @@ SDPA_API sdpa_status sdpa_mask_block_diagonal(uint8_t *out, int64_t num_seqs, co
     if (causal != 0 && causal != 1)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: causal=%d must be 0 or 1", fn, (int)causal);
     const int64_t *cuk = cu_seqlens_k ? cu_seqlens_k : cu_seqlens_q;
-    if ((st = check_cu(fn, "cu_seqlens_q", cu_seqlens_q, num_seqs)) != SDPA_OK) return st;
-    if ((st = check_cu(fn, "cu_seqlens_k", cuk, num_seqs)) != SDPA_OK) return st;
-    if ((st = check_alignment(fn, alignment)) != SDPA_OK) return st;
+    SDPA__TRY(check_cu(fn, "cu_seqlens_q", cu_seqlens_q, num_seqs));
+    SDPA__TRY(check_cu(fn, "cu_seqlens_k", cuk, num_seqs));
+    SDPA__TRY(check_alignment(fn, alignment));
     const int64_t Lt = cu_seqlens_q[num_seqs], St = cuk[num_seqs];
-    if ((st = check_matrix(fn, out, Lt, St, "Lt", "St")) != SDPA_OK) return st;
+    SDPA__TRY(check_matrix(fn, out, Lt, St, "Lt", "St"));
     if (Lt > 0 && St > 0)
         memset(out, 0, (size_t)(Lt * St));
     for (int64_t n = 0; n < num_seqs; ++n) {
@@ -145,9 +141,8 @@ SDPA_API sdpa_status sdpa_mask_block_diagonal(uint8_t *out, int64_t num_seqs, co
 
 SDPA_API sdpa_status sdpa_mask_prefix_lm(uint8_t *out, int64_t T, int64_t prefix_length) {
     static const char fn[] = "sdpa_mask_prefix_lm";
-    sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_matrix(fn, out, T, T, "T", "T")) != SDPA_OK) return st;
+    SDPA__TRY(check_matrix(fn, out, T, T, "T", "T"));
     if (prefix_length < 0 || prefix_length > T)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: prefix_length=%lld is outside [0, T=%lld]", fn,
                           (long long)prefix_length, (long long)T);
@@ -165,7 +160,6 @@ SDPA_API sdpa_status sdpa_mask_and(const sdpa_allow_mask *a, const sdpa_allow_ma
     const sdpa_allow_mask *in[2] = {a, b};
     static const char *const names[2] = {"a", "b"};
     int64_t st4[2][4], shape4[4] = {1, 1, 1, 1};
-    sdpa_status st;
     sdpa__clear_error();
     if (a == NULL || b == NULL || out_shape == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s is NULL", fn, a == NULL ? "a" : b == NULL ? "b" : "out_shape");
@@ -184,7 +178,7 @@ SDPA_API sdpa_status sdpa_mask_and(const sdpa_allow_mask *a, const sdpa_allow_ma
     sdpa__span out_span = {(uintptr_t)out, (uintptr_t)out + (uintptr_t)numel};
     for (int x = 0; x < 2; ++x) {
         const sdpa_allow_mask *m = in[x];
-        if ((st = sdpa__check_mask(fn, names[x], m)) != SDPA_OK) return st;
+        SDPA__TRY(sdpa__check_mask(fn, names[x], m));
         if (m->rank > out_rank)
             return sdpa__fail(SDPA_ERR_RANK, "%s: %s.rank=%d is larger than out_rank=%d", fn, names[x], (int)m->rank,
                               (int)out_rank);
@@ -231,9 +225,8 @@ static sdpa_status check_flat(const char *fn, const void *in, size_t in_elem, in
 }
 
 SDPA_API sdpa_status sdpa_mask_from_ignore(const uint8_t *ignore, int64_t n, uint8_t *out) {
-    sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_flat("sdpa_mask_from_ignore", ignore, 1, n, out, 1, true)) != SDPA_OK) return st;
+    SDPA__TRY(check_flat("sdpa_mask_from_ignore", ignore, 1, n, out, 1, true));
     for (int64_t t = 0; t < n; ++t)
         out[t] = ignore[t] == 0 ? 1 : 0;
     return SDPA_OK;
@@ -241,9 +234,8 @@ SDPA_API sdpa_status sdpa_mask_from_ignore(const uint8_t *ignore, int64_t n, uin
 
 SDPA_API sdpa_status sdpa_mask_from_keep_int(const int32_t *keep, int64_t n, uint8_t *out) {
     static const char fn[] = "sdpa_mask_from_keep_int";
-    sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_flat(fn, keep, sizeof *keep, n, out, 1, false)) != SDPA_OK) return st;
+    SDPA__TRY(check_flat(fn, keep, sizeof *keep, n, out, 1, false));
     for (int64_t t = 0; t < n; ++t)
         if (keep[t] != 0 && keep[t] != 1)
             return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
@@ -257,9 +249,8 @@ SDPA_API sdpa_status sdpa_mask_from_keep_int(const int32_t *keep, int64_t n, uin
 SDPA_API sdpa_status sdpa_mask_from_additive(const float *additive, int64_t n, const float *threshold,
                                              uint8_t *out) {
     static const char fn[] = "sdpa_mask_from_additive";
-    sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_flat(fn, additive, sizeof *additive, n, out, 1, false)) != SDPA_OK) return st;
+    SDPA__TRY(check_flat(fn, additive, sizeof *additive, n, out, 1, false));
     if (threshold != NULL && isnan(*threshold))
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: *threshold is NaN", fn);
     for (int64_t t = 0; t < n; ++t) {
@@ -279,9 +270,8 @@ SDPA_API sdpa_status sdpa_mask_from_additive(const float *additive, int64_t n, c
 }
 
 SDPA_API sdpa_status sdpa_mask_to_additive(const uint8_t *allow, int64_t n, float *out) {
-    sdpa_status st;
     sdpa__clear_error();
-    if ((st = check_flat("sdpa_mask_to_additive", allow, 1, n, out, sizeof *out, false)) != SDPA_OK) return st;
+    SDPA__TRY(check_flat("sdpa_mask_to_additive", allow, 1, n, out, sizeof *out, false));
     for (int64_t t = 0; t < n; ++t)
         out[t] = allow[t] ? 0.0f : -INFINITY;
     return SDPA_OK;
@@ -290,11 +280,10 @@ SDPA_API sdpa_status sdpa_mask_to_additive(const uint8_t *allow, int64_t n, floa
 SDPA_API sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_mask *mask, int64_t *empty_rows,
                                                 int64_t *first_empty) {
     static const char fn[] = "sdpa_mask_count_empty_rows";
-    sdpa_status st;
     sdpa__clear_error();
     if (mask == NULL || empty_rows == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s is NULL", fn, mask == NULL ? "mask" : "empty_rows");
-    if ((st = sdpa__check_mask(fn, "mask", mask)) != SDPA_OK) return st;
+    SDPA__TRY(sdpa__check_mask(fn, "mask", mask));
     int64_t shape4[4] = {1, 1, 1, 1}, str4[4] = {0, 0, 0, 0};
     for (int32_t r = 0; r < mask->rank; ++r) {
         shape4[4 - mask->rank + r] = mask->shape[r];

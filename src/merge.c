@@ -130,8 +130,7 @@ static sdpa_status validate(const sdpa_tensor *const v[NVIEWS], int64_t *rows, i
     }
 
     /* Output layout. */
-    if ((st = sdpa__check_output_layout(v[OUT], FN, "out")) != SDPA_OK)
-        return st;
+    SDPA__TRY(sdpa__check_output_layout(v[OUT], FN, "out"));
     if (v[LSE] != NULL && (st = sdpa__check_output_layout(v[LSE], FN, "lse")) != SDPA_OK)
         return st;
 
@@ -207,8 +206,7 @@ SDPA_API sdpa_status sdpa_merge(const sdpa_tensor *out_a, const sdpa_tensor *lse
     if (st != SDPA_OK)
         return st;
     const int32_t rank = out_a->rank;
-    if ((st = check_values(v, rank, rows, ev)) != SDPA_OK)
-        return st;
+    SDPA__TRY(check_values(v, rank, rows, ev));
 
     const int64_t last = rank - 1;
     const int64_t sa = out_a->strides[last], sb = out_b->strides[last], so = out->strides[last];

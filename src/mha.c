@@ -346,7 +346,7 @@ static sdpa_status rewrap(const char *fn, sdpa_status st) {
     snprintf(inner, sizeof inner, "%s", sdpa_last_error_message());
     const char *hint = "";
     if (st == SDPA_ERR_NON_FINITE)
-        hint = strstr(inner, ": bias at (") != NULL /* the check's bias message: the caller's mask */
+        hint = sdpa__last_subject() == SDPA__SUBJECT_BIAS /* the check failed on the bias: the caller's mask */
                    ? " (the bias is options->attn_bias: a float mask that holds NaN or +Inf on a pair no "
                      "other mask blocks; b, h, i, j index its broadcast [B, H, L, S] form)"
                    : " (the projected q/k/v hold NaN or Inf: from the query/key/value inputs, the projection "
@@ -356,7 +356,6 @@ static sdpa_status rewrap(const char *fn, sdpa_status st) {
 
 /* make_plan, sizes of the layer: E, H, Hkv, Dh and the projection widths. */
 static sdpa_status plan_sizes(const char *fn, mha_plan *pl) {
-    sdpa_status st;
     const sdpa_mha_params *p = &pl->p;
     if (p->embed_dim < 0 || p->num_heads < 0 || p->num_kv_heads < 0 || p->head_dim < 0 || p->kdim < 0 || p->vdim < 0)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
@@ -367,8 +366,7 @@ static sdpa_status plan_sizes(const char *fn, mha_plan *pl) {
         return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: params->embed_dim=0", fn);
     if (p->num_heads == 0)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: params->num_heads=0, expected >= 1", fn);
-    if ((st = check_flag(fn, "params->add_zero_attn", p->add_zero_attn)) != SDPA_OK)
-        return st;
+    SDPA__TRY(check_flag(fn, "params->add_zero_attn", p->add_zero_attn));
     const int64_t E = p->embed_dim, H = p->num_heads;
     const int64_t Hkv = p->num_kv_heads ? p->num_kv_heads : H;
     if (H % Hkv != 0)
@@ -393,19 +391,15 @@ static sdpa_status plan_sizes(const char *fn, mha_plan *pl) {
 /* make_plan, inputs: query [B, L, E], key [B, S, kdim], value [B, S, vdim]. */
 static sdpa_status plan_inputs(const char *fn, const sdpa_tensor *query, const sdpa_tensor *key,
                                const sdpa_tensor *value, mha_plan *pl) {
-    sdpa_status st;
     const sdpa_mha_params *p = &pl->p;
     const int64_t E = pl->E, kdim = pl->kdim, vdim = pl->vdim;
-    if ((st = sdpa__check_tensor(query, fn, "query", 3, 3)) != SDPA_OK)
-        return st;
+    SDPA__TRY(sdpa__check_tensor(query, fn, "query", 3, 3));
     const int64_t B = query->shape[0], L = query->shape[1];
     if (query->shape[2] != E)
         return sdpa__fail(SDPA_ERR_SHAPE, "%s: query.shape[2]=%lld, expected embed_dim=%lld", fn,
                           (long long)query->shape[2], (long long)E);
-    if ((st = check_input(fn, "key", key, B, kdim, p->kdim ? "params->kdim" : "embed_dim (params->kdim=0)")) != SDPA_OK)
-        return st;
-    if ((st = check_input(fn, "value", value, B, vdim, p->vdim ? "params->vdim" : "embed_dim (params->vdim=0)")) != SDPA_OK)
-        return st;
+    SDPA__TRY(check_input(fn, "key", key, B, kdim, p->kdim ? "params->kdim" : "embed_dim (params->kdim=0)"));
+    SDPA__TRY(check_input(fn, "value", value, B, vdim, p->vdim ? "params->vdim" : "embed_dim (params->vdim=0)"));
     if (value->shape[1] != key->shape[1])
         return sdpa__fail(SDPA_ERR_SHAPE, "%s: value.shape[1]=%lld does not match key.shape[1]=S=%lld", fn,
                           (long long)value->shape[1], (long long)key->shape[1]);
@@ -431,8 +425,7 @@ static sdpa_status plan_weights(const char *fn, mha_plan *pl) {
             return sdpa__fail(SDPA_ERR_SHAPE,
                               "%s: packed in_proj_weight needs H*Dh = Hkv*Dh = kdim = vdim = embed_dim (here %lld, %lld, %lld, %lld, %lld): pass q/k/v_proj_weight",
                               fn, (long long)Dq, (long long)Dkv, (long long)kdim, (long long)vdim, (long long)E);
-        if ((st = check_matrix(fn, "params->in_proj_weight", p->in_proj_weight, 3 * E, "3*embed_dim", E, "embed_dim")) != SDPA_OK)
-            return st;
+        SDPA__TRY(check_matrix(fn, "params->in_proj_weight", p->in_proj_weight, 3 * E, "3*embed_dim", E, "embed_dim"));
     } else {
         if (p->q_proj_weight == NULL)
             return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: params->in_proj_weight and q_proj_weight are both NULL", fn);
@@ -450,8 +443,7 @@ static sdpa_status plan_weights(const char *fn, mha_plan *pl) {
         return st;
     if (p->out_proj_weight == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: params->out_proj_weight is NULL", fn);
-    if ((st = check_matrix(fn, "params->out_proj_weight", p->out_proj_weight, E, "embed_dim", Dq, "H*Dh")) != SDPA_OK)
-        return st;
+    SDPA__TRY(check_matrix(fn, "params->out_proj_weight", p->out_proj_weight, E, "embed_dim", Dq, "H*Dh"));
     if (p->out_proj_bias && (st = check_vector(fn, "params->out_proj_bias", p->out_proj_bias, E, "embed_dim")) != SDPA_OK)
         return st;
     if ((p->bias_k == NULL) != (p->bias_v == NULL))
@@ -505,8 +497,7 @@ static sdpa_status plan_options(const char *fn, mha_plan *pl) {
     }
     if (o->key_padding_mask) {
         const sdpa_allow_mask *m = o->key_padding_mask;
-        if ((st = sdpa__check_mask(fn, "options->key_padding_mask", m)) != SDPA_OK)
-            return st;
+        SDPA__TRY(sdpa__check_mask(fn, "options->key_padding_mask", m));
         if (m->rank != 2)
             return sdpa__fail(SDPA_ERR_RANK, "%s: options->key_padding_mask.rank=%d, expected 2 ([B, S])", fn, (int)m->rank);
         if (m->shape[0] != B || m->shape[1] != S)
@@ -529,7 +520,6 @@ static sdpa_status plan_options(const char *fn, mha_plan *pl) {
 /* make_plan, outputs: out [B, L, E] and the optional attention weights. */
 static sdpa_status plan_outputs(const char *fn, const sdpa_tensor *out, const sdpa_tensor *attn_weights, bool for_size,
                                 int weights_requested, mha_plan *pl) {
-    sdpa_status st;
     const sdpa_mha_options *o = &pl->o;
     const int64_t B = pl->B, H = pl->H, L = pl->L, E = pl->E, Sp = pl->Sp;
     pl->want_weights = for_size ? weights_requested != 0 : attn_weights != NULL;
@@ -538,18 +528,15 @@ static sdpa_status plan_outputs(const char *fn, const sdpa_tensor *out, const sd
     if (!for_size) {
         if (out == NULL)
             return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: out is NULL", fn);
-        if ((st = sdpa__check_tensor(out, fn, "out", 3, 3)) != SDPA_OK)
-            return st;
+        SDPA__TRY(sdpa__check_tensor(out, fn, "out", 3, 3));
         if (out->shape[0] != B || out->shape[1] != L || out->shape[2] != E)
             return sdpa__fail(SDPA_ERR_SHAPE, "%s: out.shape=[%lld, %lld, %lld], expected [B=%lld, L=%lld, E=%lld]", fn,
                               (long long)out->shape[0], (long long)out->shape[1], (long long)out->shape[2], (long long)B,
                               (long long)L, (long long)E);
-        if ((st = sdpa__check_output_layout(out, fn, "out")) != SDPA_OK)
-            return st;
+        SDPA__TRY(sdpa__check_output_layout(out, fn, "out"));
         if (attn_weights) {
             const int32_t want_rank = pl->per_head ? 4 : 3;
-            if ((st = sdpa__check_tensor(attn_weights, fn, "attn_weights", 3, 4)) != SDPA_OK)
-                return st;
+            SDPA__TRY(sdpa__check_tensor(attn_weights, fn, "attn_weights", 3, 4));
             if (attn_weights->rank != want_rank)
                 return sdpa__fail(SDPA_ERR_RANK, "%s: attn_weights.rank=%d, expected %d (%s with options->per_head_weights=%d)",
                                   fn, (int)attn_weights->rank, (int)want_rank, pl->per_head ? "[B, H, L, S']" : "[B, L, S']",
@@ -561,8 +548,7 @@ static sdpa_status plan_outputs(const char *fn, const sdpa_tensor *out, const sd
                     return sdpa__fail(SDPA_ERR_SHAPE, "%s: attn_weights.shape[%d]=%lld, expected %lld (shape %s, S'=S+%lld=%lld)",
                                       fn, (int)d, (long long)attn_weights->shape[d], (long long)want[d],
                                       pl->per_head ? "[B, H, L, S']" : "[B, L, S']", (long long)pl->X, (long long)Sp);
-            if ((st = sdpa__check_output_layout(attn_weights, fn, "attn_weights")) != SDPA_OK)
-                return st;
+            SDPA__TRY(sdpa__check_output_layout(attn_weights, fn, "attn_weights"));
         }
     }
     return SDPA_OK;
@@ -655,7 +641,7 @@ static sdpa_status plan_workspace(const char *fn, mha_plan *pl) {
         if (BL > 0) { /* the attention's own plan and workspace (internal entries, attention.c) */
             sdpa__plan ap;
             sdpa_options ao;
-            st = sdpa__plan_make(&a.q, &a.k, &a.v, &a.opt, NULL, NULL, NULL, true, &ap, &ao);
+            st = sdpa__plan_make("sdpa_attention", &a.q, &a.k, &a.v, &a.opt, NULL, NULL, NULL, true, &ap, &ao);
             if (st == SDPA_OK) {
                 ap.has_weights = pl->want_weights;
                 st = sdpa__attention_workspace_bytes("sdpa_attention_workspace_size", &ap, &n);
@@ -756,8 +742,7 @@ static sdpa_status make_plan(const char *fn, const sdpa_mha_params *params, cons
         (st = plan_outputs(fn, out, attn_weights, for_size, weights_requested, pl)) != SDPA_OK)
         return st;
     plan_projections(pl);
-    if ((st = plan_workspace(fn, pl)) != SDPA_OK)
-        return st;
+    SDPA__TRY(plan_workspace(fn, pl));
     if (!for_size && (st = plan_overlaps(fn, query, key, value, out, attn_weights, pl)) != SDPA_OK)
         return st;
     return SDPA_OK;
@@ -1062,7 +1047,7 @@ SDPA_API sdpa_status sdpa_mha_forward(const sdpa_mha_params *params, const sdpa_
     {
         sdpa__plan ap;
         sdpa_options ao;
-        st = sdpa__plan_make(&a.q, &a.k, &a.v, &a.opt, &a.o, wout, NULL, false, &ap, &ao);
+        st = sdpa__plan_make("sdpa_attention", &a.q, &a.k, &a.v, &a.opt, &a.o, wout, NULL, false, &ap, &ao);
         if (st == SDPA_OK)
             st = sdpa__attention_planned(&ap, ao.workspace, ao.workspace_bytes);
     }

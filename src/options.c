@@ -71,8 +71,7 @@ sdpa_status sdpa__options_read(const char *fn, const sdpa_options *in, sdpa_opti
     sdpa_status st = sdpa__read_versioned(fn, "options", "sdpa_options", in, SDPA__OPTIONS_V1_SIZE, o, sizeof *o);
     if (st != SDPA_OK)
         return st;
-    if ((st = sdpa__check_reserved(fn, "options->reserved0", o->reserved0)) != SDPA_OK)
-        return st;
+    SDPA__TRY(sdpa__check_reserved(fn, "options->reserved0", o->reserved0));
     return sdpa__check_reserved(fn, "options->reserved1", o->reserved1);
 }
 

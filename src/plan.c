@@ -7,8 +7,6 @@
 #include <math.h>
 #include <string.h>
 
-static const char FN[] = "sdpa_attention";
-
 /* Bounds that keep position arithmetic (offset + i +- window) inside int64_t: offsets are
  * limited to 2^61, and a window wider than 2^62 is unbounded (|p - j| < 2^62 always). */
 #define SDPA__MAX_OFFSET ((int64_t)1 << 61)
@@ -37,48 +35,47 @@ static sdpa__view4 to_view4(const sdpa_tensor *t) {
     return v;
 }
 
-static sdpa_status expect_dim(const sdpa_tensor *t, const char *name, int d4, int64_t want,
+static sdpa_status expect_dim(const char *fn, const sdpa_tensor *t, const char *name, int d4, int64_t want,
                               const char *ref_name, int ref_d4, int32_t ref_rank) {
     sdpa__view4 v = to_view4(t);
     if (v.shape[d4] == want)
         return SDPA_OK;
-    return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s.shape[%d]=%lld does not match %s.shape[%d]=%lld", FN, name,
+    return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s.shape[%d]=%lld does not match %s.shape[%d]=%lld", fn, name,
                       user_axis(t->rank, d4), (long long)v.shape[d4], ref_name, user_axis(ref_rank, ref_d4),
                       (long long)want);
 }
 
 /* q, k, v, out and bias may each be f32, f16 or bf16 (0.4); weights and lse are f32. */
-static sdpa_status check_input(const sdpa_tensor *t, const char *name, int32_t rank_min, int32_t rank_max) {
-    sdpa_status st = sdpa__check_view(t, FN, name, rank_min, rank_max);
-    return st != SDPA_OK ? st : sdpa__check_dtype_supported(t, FN, name, SDPA__DTYPES_ALL);
+static sdpa_status check_input(const char *fn, const sdpa_tensor *t, const char *name, int32_t rank_min, int32_t rank_max) {
+    sdpa_status st = sdpa__check_view(t, fn, name, rank_min, rank_max);
+    return st != SDPA_OK ? st : sdpa__check_dtype_supported(t, fn, name, SDPA__DTYPES_ALL);
 }
 
 /* Check an output view against its expected logical shape (rank of q, or q's rank - 1 for lse). */
-static sdpa_status check_output(const sdpa_tensor *t, const char *name, int32_t rank,
+static sdpa_status check_output(const char *fn, const sdpa_tensor *t, const char *name, int32_t rank,
                                 const int64_t *want, const char *const *dims, unsigned dtypes) {
-    sdpa_status st = sdpa__check_view(t, FN, name, rank, rank);
+    sdpa_status st = sdpa__check_view(t, fn, name, rank, rank);
     if (st != SDPA_OK)
         return st;
     if (dtypes == SDPA__DTYPES_F32 && t->dtype != SDPA_DTYPE_F32)
         return sdpa__fail(SDPA_ERR_DTYPE, "%s: %s.dtype=%s: weights and lse are float32 whatever the dtypes of q, k, v and out",
-                          FN, name, sdpa_dtype_name((sdpa_dtype)t->dtype));
-    if ((st = sdpa__check_dtype_supported(t, FN, name, dtypes)) != SDPA_OK)
-        return st;
+                          fn, name, sdpa_dtype_name((sdpa_dtype)t->dtype));
+    SDPA__TRY(sdpa__check_dtype_supported(t, fn, name, dtypes));
     for (int32_t d = 0; d < rank; ++d)
         if (t->shape[d] != want[d])
-            return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s.shape[%d]=%lld, expected %s=%lld", FN, name, (int)d,
+            return sdpa__fail(SDPA_ERR_SHAPE, "%s: %s.shape[%d]=%lld, expected %s=%lld", fn, name, (int)d,
                               (long long)t->shape[d], dims[d], (long long)want[d]);
-    return sdpa__check_output_layout(t, FN, name);
+    return sdpa__check_output_layout(t, fn, name);
 }
 
-static sdpa_status check_lengths(const int64_t *len, int64_t B, int64_t max, const char *name,
+static sdpa_status check_lengths(const char *fn, const int64_t *len, int64_t B, int64_t max, const char *name,
                                  const char *bound) {
     if (len == NULL)
         return SDPA_OK;
     for (int64_t b = 0; b < B; ++b)
         if (len[b] < 0 || len[b] > max)
             return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->%s[%lld]=%lld is outside [0, %s=%lld]",
-                              FN, name, (long long)b, (long long)len[b], bound, (long long)max);
+                              fn, name, (long long)b, (long long)len[b], bound, (long long)max);
     return SDPA_OK;
 }
 
@@ -123,8 +120,7 @@ static sdpa_status packed_check(const char *fn, const sdpa_tensor *q, const sdpa
         if (k->rank != 4 || k->shape[0] != 1)
             return sdpa__fail(SDPA_ERR_SHAPE, "%s: with options->cu_seqlens_k, key must be [1, Hkv, total_k, E] (rank %d, shape[0]=%lld)",
                               fn, (int)k->rank, (long long)k->shape[0]);
-        if ((st = check_cu(fn, "cu_seqlens_k", o->cu_seqlens_k, o->num_seqs, k->shape[2], "total_k=key.shape[2]")) != SDPA_OK)
-            return st;
+        SDPA__TRY(check_cu(fn, "cu_seqlens_k", o->cu_seqlens_k, o->num_seqs, k->shape[2], "total_k=key.shape[2]"));
         if (o->key_lengths != NULL)
             for (int64_t r = 0; r < o->num_seqs; ++r) {
                 const int64_t Sr = (int64_t)o->cu_seqlens_k[r + 1] - o->cu_seqlens_k[r];
@@ -142,33 +138,32 @@ static sdpa_status packed_check(const char *fn, const sdpa_tensor *q, const sdpa
  * views become the logical [B, Hkv, S = max_blocks_per_seq * block_size, E] with the pool's
  * data and strides and the block table (internal.h). The table's entries are checked by
  * paged_check_table once key_lengths are known to be in range. */
-static sdpa_status paged_make(sdpa__plan *p, const sdpa_tensor *k, const sdpa_tensor *v, const sdpa_options *o,
+static sdpa_status paged_make(const char *fn, sdpa__plan *p, const sdpa_tensor *k, const sdpa_tensor *v, const sdpa_options *o,
                               int64_t nseq) {
-    sdpa_status st;
     if (k->rank != 4)
         return sdpa__fail(SDPA_ERR_RANK, "%s: with options->block_table, key and value must be rank-4 block pools [num_blocks, Hkv, block_size, E] (key.rank=%d)",
-                          FN, (int)k->rank);
-    if ((st = expect_dim(v, "value", 0, p->k.shape[0], "key", 0, 4)) != SDPA_OK) return st;
-    if ((st = expect_dim(v, "value", 2, p->k.shape[2], "key", 2, 4)) != SDPA_OK) return st;
+                          fn, (int)k->rank);
+    SDPA__TRY(expect_dim(fn, v, "value", 0, p->k.shape[0], "key", 0, 4));
+    SDPA__TRY(expect_dim(fn, v, "value", 2, p->k.shape[2], "key", 2, 4));
     if (o->key_lengths == NULL && nseq > 0)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->block_table is set but key_lengths is NULL (a paged cache needs each sequence's key count)", FN);
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->block_table is set but key_lengths is NULL (a paged cache needs each sequence's key count)", fn);
     const int64_t bs = p->k.shape[2];
     if (bs < 1)
-        return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: block_size=key.shape[2]=0 (a paged pool needs slots)", FN);
+        return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: block_size=key.shape[2]=0 (a paged pool needs slots)", fn);
     if (o->max_blocks_per_seq < 1)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->max_blocks_per_seq=%lld must be >= 1 with a block table", FN,
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->max_blocks_per_seq=%lld must be >= 1 with a block table", fn,
                           (long long)o->max_blocks_per_seq);
     const int64_t ts = o->block_table_stride == 0 ? o->max_blocks_per_seq : o->block_table_stride;
     if (ts < o->max_blocks_per_seq)
-        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->block_table_stride=%lld is smaller than max_blocks_per_seq=%lld", FN,
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->block_table_stride=%lld is smaller than max_blocks_per_seq=%lld", fn,
                           (long long)o->block_table_stride, (long long)o->max_blocks_per_seq);
     int64_t S, span;
     if (sdpa__mul_overflow(o->max_blocks_per_seq, bs, &S) || S > INT32_MAX)
-        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: max_blocks_per_seq=%lld x block_size=%lld keys overflow int32", FN,
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: max_blocks_per_seq=%lld x block_size=%lld keys overflow int32", fn,
                           (long long)o->max_blocks_per_seq, (long long)bs);
     if (sdpa__mul_overflow(nseq > 0 ? nseq - 1 : 0, ts, &span) || sdpa__add_overflow(span, o->max_blocks_per_seq, &span) ||
         sdpa__mul_overflow(span, (int64_t)sizeof(int32_t), &span))
-        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the block table's extent, (%lld sequences - 1) x block_table_stride=%lld + max_blocks_per_seq=%lld int32 entries, overflows", FN,
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the block table's extent, (%lld sequences - 1) x block_table_stride=%lld + max_blocks_per_seq=%lld int32 entries, overflows", fn,
                           (long long)nseq, (long long)ts, (long long)o->max_blocks_per_seq);
     sdpa__view4 *views[2] = {&p->k, &p->v};
     for (int t = 0; t < 2; ++t) {
@@ -186,7 +181,7 @@ static sdpa_status paged_make(sdpa__plan *p, const sdpa_tensor *k, const sdpa_te
 }
 
 /* Every block a key j < key_lengths[b] reaches is a pool block (before anything is written). */
-static sdpa_status paged_check_table(const sdpa__plan *p, const sdpa_options *o, int64_t nseq) {
+static sdpa_status paged_check_table(const char *fn, const sdpa__plan *p, const sdpa_options *o, int64_t nseq) {
     const int64_t bs = p->k.block_size;
     for (int64_t b = 0; b < nseq; ++b) {
         const int64_t used = (o->key_lengths[b] + bs - 1) / bs;
@@ -195,29 +190,30 @@ static sdpa_status paged_check_table(const sdpa__plan *p, const sdpa_options *o,
             if (row[c] < 0 || row[c] >= p->num_blocks)
                 return sdpa__fail(SDPA_ERR_INDEX,
                                   "%s: options->block_table[%lld][%lld]=%d is outside [0, num_blocks=key.shape[0]=%lld) and sequence b=%lld reaches it (key_lengths[%lld]=%lld, block_size=%lld)",
-                                  FN, (long long)b, (long long)c, (int)row[c], (long long)p->num_blocks, (long long)b,
+                                  fn, (long long)b, (long long)c, (int)row[c], (long long)p->num_blocks, (long long)b,
                                   (long long)b, (long long)o->key_lengths[b], (long long)bs);
     }
     return SDPA_OK;
 }
 
-sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+sdpa_status sdpa__plan_make(const char *fn, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
                              const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
                              const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o) {
     sdpa_status st;
-    if (q == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: query is NULL", FN);
-    if (k == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: key is NULL", FN);
-    if (v == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: value is NULL", FN);
-    if (!for_size && out == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: out is NULL", FN);
-    if ((st = check_input(q, "query", 3, 4)) != SDPA_OK) return st;
-    if ((st = check_input(k, "key", 3, 4)) != SDPA_OK) return st;
-    if ((st = check_input(v, "value", 3, 4)) != SDPA_OK) return st;
-    if ((st = sdpa__options_read(FN, opt_in, o)) != SDPA_OK) return st;
+    if (q == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: query is NULL", fn);
+    if (k == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: key is NULL", fn);
+    if (v == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: value is NULL", fn);
+    if (!for_size && out == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: out is NULL", fn);
+    SDPA__TRY(check_input(fn, q, "query", 3, 4));
+    SDPA__TRY(check_input(fn, k, "key", 3, 4));
+    SDPA__TRY(check_input(fn, v, "value", 3, 4));
+    SDPA__TRY(sdpa__options_read(fn, opt_in, o));
     if (k->rank != q->rank || v->rank != q->rank)
-        return sdpa__fail(SDPA_ERR_RANK, "%s: query.rank=%d, key.rank=%d, value.rank=%d must be equal", FN,
+        return sdpa__fail(SDPA_ERR_RANK, "%s: query.rank=%d, key.rank=%d, value.rank=%d must be equal", fn,
                           (int)q->rank, (int)k->rank, (int)v->rank);
     const int32_t rank = q->rank;
     memset(p, 0, sizeof *p);
+    p->fn = fn;
     p->q = to_view4(q);
     p->k = to_view4(k);
     p->v = to_view4(v);
@@ -229,27 +225,27 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     p->S = p->k.shape[2];
     p->Ev = p->v.shape[3];
     const int64_t nseq = o->cu_seqlens_q != NULL ? o->num_seqs : p->B; /* rows of key_lengths, block_table */
-    if (o->cu_seqlens_q != NULL && (st = packed_check(FN, q, k, o, weights)) != SDPA_OK) return st;
+    if (o->cu_seqlens_q != NULL && (st = packed_check(fn, q, k, o, weights)) != SDPA_OK) return st;
     if (o->block_table != NULL) {
-        if ((st = paged_make(p, k, v, o, nseq)) != SDPA_OK) return st;
+        SDPA__TRY(paged_make(fn, p, k, v, o, nseq));
     } else {
-        if ((st = expect_dim(k, "key", 0, p->B, "query", 0, rank)) != SDPA_OK) return st;
-        if ((st = expect_dim(v, "value", 0, p->B, "query", 0, rank)) != SDPA_OK) return st;
-        if ((st = expect_dim(v, "value", 2, p->S, "key", 2, rank)) != SDPA_OK) return st;
+        SDPA__TRY(expect_dim(fn, k, "key", 0, p->B, "query", 0, rank));
+        SDPA__TRY(expect_dim(fn, v, "value", 0, p->B, "query", 0, rank));
+        SDPA__TRY(expect_dim(fn, v, "value", 2, p->S, "key", 2, rank));
     }
-    if ((st = expect_dim(v, "value", 1, p->Hkv, "key", 1, rank)) != SDPA_OK) return st;
-    if ((st = expect_dim(k, "key", 3, p->E, "query", 3, rank)) != SDPA_OK) return st;
+    SDPA__TRY(expect_dim(fn, v, "value", 1, p->Hkv, "key", 1, rank));
+    SDPA__TRY(expect_dim(fn, k, "key", 3, p->E, "query", 3, rank));
     if (p->Hkv == 0 ? p->Hq != 0 : p->Hq % p->Hkv != 0)
         return sdpa__fail(SDPA_ERR_SHAPE,
                           "%s: query heads Hq=query.shape[1]=%lld is not a multiple of key heads Hkv=key.shape[1]=%lld",
-                          FN, (long long)p->Hq, (long long)p->Hkv);
+                          fn, (long long)p->Hq, (long long)p->Hkv);
     p->group = p->Hkv == 0 ? 1 : p->Hq / p->Hkv;
     if (p->L > INT32_MAX || p->S > INT32_MAX || p->E > INT32_MAX || p->Ev > INT32_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: L=%lld, S=%lld, E=%lld, Ev=%lld must each fit in 32 bits (libsdpa indexes key positions, rows and widths with 32-bit integers on every path)",
-                          FN, (long long)p->L, (long long)p->S, (long long)p->E, (long long)p->Ev);
+                          fn, (long long)p->L, (long long)p->S, (long long)p->E, (long long)p->Ev);
     if (p->E == 0)
         return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: head width E=query.shape[%d]=0 (the default scale 1/sqrt(E) is undefined)",
-                          FN, rank - 1);
+                          fn, rank - 1);
 
     /* Outputs. */
     if (!for_size) {
@@ -264,15 +260,15 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
             int64_t a[3] = {p->B, p->L, p->Ev}, b[3] = {p->B, p->L, p->S}, c[2] = {p->B, p->L};
             memcpy(want_out, a, sizeof a); memcpy(want_w, b, sizeof b); memcpy(want_l, c, sizeof c);
         }
-        if ((st = check_output(out, "out", rank, want_out, rank == 4 ? d4 : d3, SDPA__DTYPES_ALL)) != SDPA_OK) return st;
+        SDPA__TRY(check_output(fn, out, "out", rank, want_out, rank == 4 ? d4 : d3, SDPA__DTYPES_ALL));
         p->out = to_view4(out);
         if (weights != NULL) {
-            if ((st = check_output(weights, "weights", rank, want_w, rank == 4 ? w4 : w3, SDPA__DTYPES_F32)) != SDPA_OK) return st;
+            SDPA__TRY(check_output(fn, weights, "weights", rank, want_w, rank == 4 ? w4 : w3, SDPA__DTYPES_F32));
             p->has_weights = true;
             p->weights = to_view4(weights);
         }
         if (lse != NULL) {
-            if ((st = check_output(lse, "lse", rank - 1, want_l, rank == 4 ? l3 : l2, SDPA__DTYPES_F32)) != SDPA_OK) return st;
+            SDPA__TRY(check_output(fn, lse, "lse", rank - 1, want_l, rank == 4 ? l3 : l2, SDPA__DTYPES_F32));
             p->has_lse = true;
             p->lse = (float *)lse->data;
             if (rank == 4) {
@@ -283,25 +279,24 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
         }
     }
 
-    if ((st = sdpa__options_check(FN, o)) != SDPA_OK) return st;
+    SDPA__TRY(sdpa__options_check(fn, o));
     if (o->alignment == SDPA_ALIGN_OFFSETS) {
         if (o->query_offsets == NULL && nseq > 0)
-            return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->alignment is SDPA_ALIGN_OFFSETS but query_offsets is NULL", FN);
+            return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: options->alignment is SDPA_ALIGN_OFFSETS but query_offsets is NULL", fn);
         for (int64_t b = 0; b < nseq; ++b)
             if (o->query_offsets[b] < -SDPA__MAX_OFFSET || o->query_offsets[b] > SDPA__MAX_OFFSET)
-                return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->query_offsets[%lld]=%lld is out of range", FN,
+                return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->query_offsets[%lld]=%lld is out of range", fn,
                                   (long long)b, (long long)o->query_offsets[b]);
     }
-    if ((st = check_lengths(o->key_lengths, nseq, p->S, "key_lengths", "S")) != SDPA_OK) return st;
-    if (o->block_table != NULL && (st = paged_check_table(p, o, nseq)) != SDPA_OK) return st;
-    if ((st = check_lengths(o->query_lengths, p->B, p->L, "query_lengths", "L")) != SDPA_OK) return st;
+    SDPA__TRY(check_lengths(fn, o->key_lengths, nseq, p->S, "key_lengths", "S"));
+    if (o->block_table != NULL && (st = paged_check_table(fn, p, o, nseq)) != SDPA_OK) return st;
+    SDPA__TRY(check_lengths(fn, o->query_lengths, p->B, p->L, "query_lengths", "L"));
 
     const int64_t target[4] = {p->B, p->Hq, p->L, p->S};
     if (o->allow_mask != NULL) {
         const sdpa_allow_mask *m = o->allow_mask;
-        if ((st = sdpa__check_mask(FN, "allow_mask", m)) != SDPA_OK) return st;
-        if ((st = sdpa__broadcast4(FN, "allow_mask", m->rank, m->shape, m->strides, target, p->rules.mask.strides)) != SDPA_OK)
-            return st;
+        SDPA__TRY(sdpa__check_mask(fn, "allow_mask", m));
+        SDPA__TRY(sdpa__broadcast4(fn, "allow_mask", m->rank, m->shape, m->strides, target, p->rules.mask.strides));
         int64_t numel = 1;
         for (int32_t d = 0; d < m->rank; ++d) numel *= m->shape[d];
         p->rules.has_mask = numel > 0;
@@ -309,9 +304,8 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     }
     if (o->bias != NULL) {
         const sdpa_tensor *bt = o->bias;
-        if ((st = check_input(bt, "bias", 1, 4)) != SDPA_OK) return st;
-        if ((st = sdpa__broadcast4(FN, "bias", bt->rank, bt->shape, bt->strides, target, p->rules.bias.strides)) != SDPA_OK)
-            return st;
+        SDPA__TRY(check_input(fn, bt, "bias", 1, 4));
+        SDPA__TRY(sdpa__broadcast4(fn, "bias", bt->rank, bt->shape, bt->strides, target, p->rules.bias.strides));
         int64_t numel = 1;
         for (int32_t d = 0; d < bt->rank; ++d) numel *= bt->shape[d];
         p->rules.has_bias = numel > 0;
@@ -376,7 +370,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
             outs[nout].s.lo = (uintptr_t)o->workspace;
             outs[nout++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
         }
-        if ((st = sdpa__check_overlaps(FN, in, nin, outs, nout)) != SDPA_OK) return st;
+        SDPA__TRY(sdpa__check_overlaps(fn, in, nin, outs, nout));
     }
 
     p->load_q = sdpa__loader_for(&p->q, SDPA__ADDR_STRIDED);
@@ -384,7 +378,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     p->load_k = sdpa__loader_for(&p->k, kv_addr);
     p->load_v = sdpa__loader_for(&p->v, kv_addr);
     if (p->load_q == NULL || p->load_k == NULL || p->load_v == NULL)
-        return sdpa__fail(SDPA_ERR_DTYPE, "%s: no loader reads query/key/value of these dtypes", FN);
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: no loader reads query/key/value of these dtypes", fn);
     p->scale = o->scale > 0.0f ? o->scale : (float)(1.0 / sqrt((double)p->E));
     p->softcap = o->softcap;
     p->rules.L = p->L;
@@ -411,7 +405,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     if (o->sinks != NULL)
         for (int64_t h = 0; h < p->Hq; ++h)
             if (isnan(o->sinks[h]) || o->sinks[h] == INFINITY)
-                return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: options->sinks[%lld]=%g is NaN or +inf (-inf = no sink)", FN,
+                return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: options->sinks[%lld]=%g is NaN or +inf (-inf = no sink)", fn,
                                   (long long)h, (double)o->sinks[h]);
     p->sinks = o->sinks;
     if (o->alibi_slopes != NULL) {
@@ -419,7 +413,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
         const int64_t n = o->alibi_slopes_rank == 2 ? nseq * p->Hq : p->Hq;
         for (int64_t t = 0; t < n; ++t)
             if (!isfinite(o->alibi_slopes[t]))
-                return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: options->alibi_slopes[%lld]=%g is not finite", FN,
+                return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: options->alibi_slopes[%lld]=%g is not finite", fn,
                                   (long long)t, (double)o->alibi_slopes[t]);
         p->rules.alibi_slopes = o->alibi_slopes;
         p->rules.alibi_stride_b = o->alibi_slopes_rank == 2 ? p->Hq : 0;
@@ -427,6 +421,7 @@ sdpa_status sdpa__plan_make(const sdpa_tensor *q, const sdpa_tensor *k, const sd
     p->exec.hook = o->parallel_for;
     p->exec.hook_ctx = o->parallel_for_ctx;
     p->exec.pool = o->threadpool;
+    p->exec.fn = fn;
     if (o->parallel_for != NULL || o->threadpool != NULL) {
         const int n = o->threadpool != NULL ? sdpa_threadpool_size(o->threadpool) : (int)o->parallel_for_threads;
         const int cap = n < SDPA__MAX_THREADS ? n : SDPA__MAX_THREADS;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 static _Thread_local char last_error[512];
+static _Thread_local int last_subject; /* sdpa__subject of the last failure (data, not text) */
 static _Thread_local const char *last_kernel = "";
 
 SDPA_API const char *sdpa_status_string(sdpa_status status) {
@@ -43,19 +44,24 @@ sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
+    last_subject = SDPA__SUBJECT_NONE;
     return status;
 }
 
-void sdpa__clear_error(void) { last_error[0] = '\0'; }
-
-sdpa_status sdpa__rename_error(sdpa_status status, const char *from, const char *to) {
-    const size_t n = strlen(from);
-    if (status == SDPA_OK || strncmp(last_error, from, n) != 0 || last_error[n] != ':')
-        return status;
-    char rest[sizeof last_error];
-    snprintf(rest, sizeof rest, "%s", last_error + n);
-    snprintf(last_error, sizeof last_error, "%s%s", to, rest);
+sdpa_status sdpa__fail_on(sdpa_status status, int subject, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    last_subject = subject;
     return status;
+}
+
+int sdpa__last_subject(void) { return last_subject; }
+
+void sdpa__clear_error(void) {
+    last_error[0] = '\0';
+    last_subject = SDPA__SUBJECT_NONE;
 }
 
 void sdpa__set_kernel(const char *name) { last_kernel = name; }
@@ -70,8 +76,8 @@ void sdpa__set_kernel_path(const char *name, const char *tag) {
     last_kernel = path;
 }
 
-sdpa_status sdpa__fail_kv_row(int64_t b, int64_t g, int64_t j, bool value) {
-    return sdpa__fail(SDPA_ERR_NON_FINITE, "sdpa_attention: %s row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended",
+sdpa_status sdpa__fail_kv_row(const char *fn, int64_t b, int64_t g, int64_t j, bool value) {
+    return sdpa__fail(SDPA_ERR_NON_FINITE, "%s: %s row (b=%lld,h=%lld,j=%lld) holds NaN or Inf and is attended", fn,
                       value ? "value" : "key", (long long)b, (long long)g, (long long)j);
 }
 

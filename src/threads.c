@@ -184,25 +184,26 @@ sdpa_status sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__pha
     }
     if (ex != NULL && ex->hook != NULL) {
         ex->hook(ex->hook_ctx, nthreads, region_job, &r);
+        const char *fn = ex->fn != NULL ? ex->fn : "libsdpa"; /* the entry's name (the plan's) */
         const int bad = atomic_load_explicit(&r.bad_job, memory_order_relaxed);
         if (bad == -2)
             return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
-                              "sdpa_attention: the parallel_for hook ran a task number outside [0, %d) (the "
-                              "outputs are undefined)", nthreads);
+                              "%s: the parallel_for hook ran a task number outside [0, %d) (the "
+                              "outputs are undefined)", fn, nthreads);
         if (bad >= 0)
             return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
-                              "sdpa_attention: the parallel_for hook ran task %d twice (each of [0, %d) runs "
-                              "exactly once; the outputs are undefined)", bad, nthreads);
+                              "%s: the parallel_for hook ran task %d twice (each of [0, %d) runs "
+                              "exactly once; the outputs are undefined)", fn, bad, nthreads);
         for (int k = 0; k < nthreads; ++k)
             if (!atomic_load_explicit(&r.ran[k], memory_order_relaxed))
                 return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
-                                  "sdpa_attention: the parallel_for hook returned without running task %d (it "
-                                  "must run every task in [0, %d) exactly once; the outputs are undefined)", k,
+                                  "%s: the parallel_for hook returned without running task %d (it "
+                                  "must run every task in [0, %d) exactly once; the outputs are undefined)", fn, k,
                                   nthreads);
         if (atomic_load_explicit(&r.open, memory_order_acquire) <= nph)
             return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
-                              "sdpa_attention: the parallel_for hook returned before its tasks had returned "
-                              "(the outputs are undefined)");
+                              "%s: the parallel_for hook returned before its tasks had returned "
+                              "(the outputs are undefined)", fn);
         return SDPA_OK;
     }
     pthread_t tid[SDPA__MAX_THREADS];
