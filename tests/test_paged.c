@@ -1325,6 +1325,50 @@ static void test_cu_seqlens_decrease_in_last_pair(void **state) {
     expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK, NULL);
 }
 
+/* A paged decode spreads its work items over the call's threads in T far-apart ranges (the
+ * claim -> item map must be a bijection, also when T does not divide the item count): 8 kv
+ * heads x 2 key splits = 16 items over a hook of 3 and 5 threads (or a pool of 3) equal the
+ * one-thread call bit for bit. The hook runs every task in one thread, so the result does not
+ * depend on how many CPUs the machine has. */
+static void test_paged_decode_spread_any_thread_count(void **state) {
+    (void)state;
+    const int64_t B = 1, Hq = 8, Hkv = 8, E = 128, Ev = 128, BS = 32, L = 1;
+    const int64_t len[1] = {4096};
+    fix f;
+    fix_make(&f, B, Hkv, E, Ev, BS, len, 0, 0);
+    float *q = falloc((size_t)(B * Hq * L * E));
+    fill(q, (size_t)(B * Hq * L * E));
+    const size_t no = (size_t)(B * Hq * L * Ev), nl = (size_t)(B * Hq * L);
+    float *o1 = falloc(no), *o2 = falloc(no), *l1 = falloc(nl), *l2 = falloc(nl);
+    sdpa_tensor tq = view4(q, B, Hq, L, E, NULL), tpk = fix_pool(&f, 0), tpv = fix_pool(&f, 1);
+    sdpa_tensor to1 = view4(o1, B, Hq, L, Ev, NULL), to2 = view4(o2, B, Hq, L, Ev, NULL), tl1, tl2;
+    const int64_t lshape[3] = {B, Hq, L};
+    assert_int_equal(sdpa_tensor_init_dtype(&tl1, l1, SDPA_DTYPE_F32, 3, lshape), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_dtype(&tl2, l2, SDPA_DTYPE_F32, 3, lshape), SDPA_OK);
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.kernel = SDPA_KERNEL_DECODE;
+    fix_paged_options(&f, &o);
+    o.num_threads = 1;
+    expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to1, NULL, &tl1), SDPA_OK, NULL);
+    sdpa_threadpool *pool = NULL;
+    assert_int_equal(sdpa_threadpool_create(3, &pool), SDPA_OK);
+    const int hook_threads[3] = {3, 5, 0};
+    for (int c = 0; c < 3; ++c) {
+        o.num_threads = 0;
+        o.parallel_for = hook_threads[c] ? serial_hook : NULL;
+        o.parallel_for_threads = hook_threads[c];
+        o.threadpool = hook_threads[c] ? NULL : pool;
+        canary(o2, no); canary(l2, nl);
+        expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to2, NULL, &tl2), SDPA_OK, NULL);
+        bits_equal(o1, o2, no, "paged decode out, threads vs one thread");
+        bits_equal(l1, l2, nl, "paged decode lse, threads vs one thread");
+    }
+    sdpa_threadpool_destroy(pool);
+    free(q); free(o1); free(o2); free(l1); free(l2);
+    fix_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_vs_dense),
@@ -1348,6 +1392,7 @@ int main(void) {
         cmocka_unit_test(test_out_overlaps_block_table),
         cmocka_unit_test(test_packed_alibi_rows_checked),
         cmocka_unit_test(test_cu_seqlens_decrease_in_last_pair),
+        cmocka_unit_test(test_paged_decode_spread_any_thread_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
