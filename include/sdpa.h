@@ -1080,6 +1080,10 @@ static inline void sdpa_mha_options_init(sdpa_mha_options *options) {
  *         On failure nothing is written.
  *         Not covered: memory another thread takes between that check and the GEMM, and a
  *         failing malloc inside OpenBLAS's own threaded GEMM, on which OpenBLAS exits the process.
+ *         Also OpenBLAS's, not the library's: under an address-space limit (RLIMIT_AS) a process
+ *         that loaded libsdpa (and so OpenBLAS) can hang in exit() even if no call used BLAS, as
+ *         an OpenBLAS worker retries a 128 MiB mapping forever and exit joins it; with
+ *         OPENBLAS_NUM_THREADS=1 in the environment (OpenBLAS starts no worker) it exits.
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_mha_forward(const sdpa_mha_params *params,
                                                      const sdpa_tensor *query, const sdpa_tensor *key,
