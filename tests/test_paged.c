@@ -750,6 +750,11 @@ static void test_kv_write(void **state) {
     assert_int_equal(sdpa_tensor_init_dtype(&tin, kc + 48, SDPA_DTYPE_F32, 3, rs), SDPA_OK);
     expect(sdpa_kv_write(&tkc, &tvc, &tin, &tv, slots), SDPA_ERR_OVERLAP, "key_cache");
     expect(sdpa_kv_write(&tkc, &tkc, &tk, &tv, slots), SDPA_ERR_OVERLAP, "value_cache");
+    /* value rows inside the key cache, and inside the value cache */
+    expect(sdpa_kv_write(&tkc, &tvc, &tk, &tin, slots), SDPA_ERR_OVERLAP, "key_cache");
+    sdpa_tensor tvin;
+    assert_int_equal(sdpa_tensor_init_dtype(&tvin, vc + 24, SDPA_DTYPE_F32, 3, rs), SDPA_OK);
+    expect(sdpa_kv_write(&tkc, &tvc, &tk, &tvin, slots), SDPA_ERR_OVERLAP, "value_cache");
     expect(sdpa_kv_write(&tkc, &tvc, &tk, &tv, (const int64_t *)(const void *)kc), SDPA_ERR_OVERLAP, "slot_mapping");
     assert_true(is_canary(kc, 72) && is_canary(vc, 72));
     expect(sdpa_kv_write(&tkc, &tvc, &tk, NULL, slots), SDPA_ERR_NULL_POINTER, "value");
