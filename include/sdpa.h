@@ -97,6 +97,7 @@ typedef enum sdpa_status {
     SDPA_ERR_SIZE_OVERFLOW = 25,     /**< a shape/stride product overflows int64_t or size_t */
     SDPA_ERR_EMPTY_DIMENSION = 26,   /**< a dimension that must be >= 1 is 0 (the head width E, a block pool's block_size) */
     SDPA_ERR_INDEX = 27,             /**< (0.5) an index read from caller memory is out of range: a block_table entry, a cu_seqlens entry, a kv-write slot */
+    SDPA_ERR_ALIGNMENT = 28,         /**< (0.6) a data pointer is not aligned to its element size: a view's data (4 bytes for float32, 2 for float16/bfloat16) or an array of the options (int64_t lengths and offsets: 8; int32_t block table and cu_seqlens: 4; float sinks and slopes: 4) */
 
     /* 30-39: data type */
     SDPA_ERR_DTYPE = 30,             /**< dtype not an sdpa_dtype, or one this entry point does not compute (each entry point says which) */
@@ -164,6 +165,13 @@ typedef enum sdpa_dtype {
  * from data (for float32: ((float *)data)[sum_d i_d * strides[d]]).
  * Strides are in elements and may be 0 (broadcast) or negative on inputs; outputs need
  * strides > 0 on every dimension of size > 1 and must not overlap themselves.
+ * Alignment (0.6): the data pointer of a view with at least one element must be a multiple of
+ * its element size (sdpa_dtype_size(): 4 for float32, 2 for float16 and bfloat16), as a C
+ * pointer of that type must be and as PyTorch, ONNX Runtime and numpy's aligned arrays give;
+ * since strides count elements, every element is then aligned too. A misaligned view, e.g.
+ * (float *)(buf + 3), is SDPA_ERR_ALIGNMENT from the constructors and from every function
+ * that takes a view (nothing is read or written through it). Empty views and allow-masks
+ * (uint8) may have any address.
  * Entries at index >= rank and reserved[] must be 0 (the constructors ensure it).
  * The library never writes through an input view, and never retains a view: a view of const
  * data (sdpa_tensor_init_strided(), sdpa_tensor_init_dtype() take `const void *`) may be passed
@@ -184,7 +192,7 @@ typedef struct sdpa_tensor {
  * @param data  buffer of prod(shape) floats, not retained; may be NULL only if prod(shape) == 0.
  * @param rank  1..SDPA_MAX_RANK.   @param shape [rank] sizes >= 0.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK, SDPA_ERR_SHAPE (negative size),
- *         SDPA_ERR_SIZE_OVERFLOW.
+ *         SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_ALIGNMENT (0.6: data not a multiple of 4 bytes).
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init(sdpa_tensor *view, float *data, int32_t rank,
                                                      const int64_t *shape);
@@ -219,7 +227,8 @@ SDPA_API const char *sdpa_dtype_name(sdpa_dtype dtype);
  *         SDPA_ERR_DTYPE (not an sdpa_dtype), SDPA_ERR_RANK, SDPA_ERR_SHAPE (negative size),
  *         SDPA_ERR_SIZE_OVERFLOW (element count, a stride or the byte span overflows, or the
  *         view's addresses wrap around: its lowest element below address 0 with negative strides,
- *         or its end past the top; every function that takes a view checks the same).
+ *         or its end past the top; every function that takes a view checks the same),
+ *         SDPA_ERR_ALIGNMENT (0.6: data of a non-empty view not a multiple of the element size).
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_strided(sdpa_tensor *view, const void *data,
                                                              sdpa_dtype dtype, int32_t rank,
@@ -231,7 +240,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_strided(sdpa_tensor *view, 
  * `data` (sdpa_tensor_init() for any dtype). (0.4)
  * @param data  const: see sdpa_tensor_init_strided(); may be NULL only if prod(shape) == 0.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE (not an sdpa_dtype), SDPA_ERR_RANK,
- *         SDPA_ERR_SHAPE (negative size), SDPA_ERR_SIZE_OVERFLOW.
+ *         SDPA_ERR_SHAPE (negative size), SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_ALIGNMENT (0.6).
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_dtype(sdpa_tensor *view, const void *data,
                                                            sdpa_dtype dtype, int32_t rank,
@@ -693,6 +702,9 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @retval SDPA_ERR_SIZE_OVERFLOW  shape products overflow, or L, S, E or Ev >= 2^31; a block
  *                                 table's extent ((B-1) * stride + max_blocks_per_seq) overflows
  * @retval SDPA_ERR_EMPTY_DIMENSION E == 0; a block pool's block_size == 0
+ * @retval SDPA_ERR_ALIGNMENT      (0.6) a view's data, or an array of the options (lengths,
+ *                                 offsets, block table, cu_seqlens, sinks, slopes), not aligned
+ *                                 to its element size (see sdpa_tensor)
  * @retval SDPA_ERR_DTYPE          a dtype that is not an sdpa_dtype, or weights / lse not float32
  * @retval SDPA_ERR_INVALID_ARGUMENT scale/softcap NaN, Inf or negative; window < -1; a key or
  *                                 query length outside [0, S] / [0, L]; dropout_p outside
@@ -910,7 +922,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
  *         SDPA_ERR_STRIDE, SDPA_ERR_OVERLAP, SDPA_ERR_SIZE_OVERFLOW,
  *         SDPA_ERR_NON_FINITE (lse NaN, or a non-finite out entry in a row whose lse is
- *         finite), SDPA_ERR_INVALID_ARGUMENT (reserved field not 0)
+ *         finite), SDPA_ERR_INVALID_ARGUMENT (reserved field not 0), SDPA_ERR_ALIGNMENT (0.6)
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_merge(const sdpa_tensor *out_a, const sdpa_tensor *lse_a,
                                                const sdpa_tensor *out_b, const sdpa_tensor *lse_b,
@@ -939,7 +951,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_merge(const sdpa_tensor *out_a, const s
  * value_cache and value may both be NULL (keys only). On the caller's thread; no allocation.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
  *         SDPA_ERR_STRIDE (cache self-overlapping), SDPA_ERR_OVERLAP (rows or slot_mapping
- *         overlap a cache, or the caches each other), SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_INDEX
+ *         overlap a cache, or the caches each other), SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_INDEX,
+ *         SDPA_ERR_ALIGNMENT (0.6: a view, or slot_mapping not 8-byte aligned)
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, const sdpa_tensor *value_cache,
                                                   const sdpa_tensor *key, const sdpa_tensor *value,
@@ -1072,7 +1085,7 @@ static inline void sdpa_mha_options_init(sdpa_mha_options *options) {
  *         kdim, vdim; E % H != 0 without head_dim; H % Hkv != 0; packed weights with kdim,
  *         vdim or GQA), SDPA_ERR_BROADCAST, SDPA_ERR_STRIDE, SDPA_ERR_OVERLAP,
  *         SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_DTYPE, SDPA_ERR_INVALID_ARGUMENT (flags, dropout_p,
- *         lengths), SDPA_ERR_EMPTY_ROW, SDPA_ERR_NON_FINITE, SDPA_ERR_WORKSPACE_TOO_SMALL,
+ *         lengths), SDPA_ERR_ALIGNMENT (0.6: a view or a lengths array), SDPA_ERR_EMPTY_ROW, SDPA_ERR_NON_FINITE, SDPA_ERR_WORKSPACE_TOO_SMALL,
  *         SDPA_ERR_OUT_OF_MEMORY (workspace allocation failed, or the BLAS library could not
  *         obtain its own GEMM buffer: OpenBLAS 0.3.21 maps 128 MiB per OpenBLAS thread on first
  *         use and would retry a failed mapping forever, so the call first checks that such a
