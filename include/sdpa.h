@@ -1206,6 +1206,141 @@ SDPA_API void sdpa_threadpool_destroy(sdpa_threadpool *pool);
  *  thread included), or 0 for NULL. */
 SDPA_API int sdpa_threadpool_size(const sdpa_threadpool *pool);
 
+/* ------------------------------------------------------------ cost query (0.6) */
+
+/** sdpa_cost_options.flags: scan the allow-mask and the bias (their values, O(B*Hq*L*S) reads)
+ *  so that pairs, empty rows and the bytes they decide are exact; see sdpa_cost.exact. */
+#define SDPA_COST_EXACT 0x1u
+/** sdpa_cost_options.flags: with weights == NULL, count as if a float32 weights view were passed
+ *  (the call will get one; it selects the reference kernel and is unsupported when packed). */
+#define SDPA_COST_WEIGHTS 0x2u
+/** sdpa_cost_options.flags: with lse == NULL, count as if a float32 lse view were passed. */
+#define SDPA_COST_LSE 0x4u
+
+/**
+ * Options of sdpa_attention_cost() (nullable there: NULL = all zero). A versioned struct read as
+ * sdpa_options is: struct_size first, every default the zero value, fields only appended, bytes
+ * beyond what this library knows must be 0 (SDPA_ERR_STRUCT_VERSION otherwise). (0.6)
+ * Initialise with `sdpa_cost_options co = {sizeof co};` (C and C++) and set fields.
+ */
+typedef struct sdpa_cost_options {
+    size_t struct_size; /**< sizeof(sdpa_cost_options) as compiled by the caller */
+    uint32_t flags;     /**< SDPA_COST_EXACT | SDPA_COST_WEIGHTS | SDPA_COST_LSE; other bits:
+                             SDPA_ERR_INVALID_ARGUMENT */
+    int32_t reserved0;  /**< must be 0 (SDPA_ERR_STRUCT_VERSION otherwise) */
+} sdpa_cost_options;
+
+/** Zero *copts and set copts->struct_size = sizeof(sdpa_cost_options) (inline: the caller's size). */
+static inline void sdpa_cost_options_init(sdpa_cost_options *copts) {
+    unsigned char *bytes = (unsigned char *)copts;
+    for (size_t n = 0; n < sizeof(sdpa_cost_options); ++n)
+        bytes[n] = 0;
+    copts->struct_size = sizeof(sdpa_cost_options);
+}
+
+/**
+ * What an sdpa_attention() call would do (filled by sdpa_attention_cost()). (0.6)
+ * The caller sets struct_size (`sdpa_cost c = {sizeof c};`, or sdpa_cost_init()); the library
+ * writes the first struct_size bytes and nothing beyond: fields it knows, and zeros over bytes
+ * of a newer layout it does not know. Counts are int64_t and saturate at INT64_MAX.
+ *
+ * Pairs are (query row (b, h, i), key j) of the call's logical score matrix [B, Hq, L, S]
+ * (S = max_blocks_per_seq * block_size for a paged cache; a packed batch: [Hq, L_r, S_r] per
+ * sequence r). A pair is allowed when the rule of sdpa_attention() (causal, window, key lengths,
+ * allow-mask, bias != -inf at the alignment) allows it and its row is not padding
+ * (query_lengths): exactly the pairs whose probability can be nonzero.
+ * Without SDPA_COST_EXACT the allow-mask and bias values are not read: pairs, empty rows and
+ * the byte counts they decide follow the structural rules only (causal, window, lengths, which
+ * are exact), so allowed_pairs and the bytes are upper bounds and empty_rows a lower bound,
+ * and exact is 0 when a mask or bias is given.
+ */
+typedef struct sdpa_cost {
+    size_t struct_size;      /**< set by the caller: sizeof(sdpa_cost) of its header */
+    int32_t status;          /**< sdpa_status sdpa_attention_cost() returned (= what the call would return, see there) */
+    int32_t exact;           /**< 1: every count below is exact; 0: see above (a mask or bias, not scanned) */
+    /** sdpa_last_kernel() the call would leave (kernel, ISA, dtype tag: "tiled-avx512",
+     *  "decode-split-avx2-f16", "none" without query rows; a packed batch: its last sequence with
+     *  query rows); "" when status is a validation error. NUL-terminated. */
+    char kernel[64];
+    int32_t kernel_id;       /**< sdpa_kernel of that kernel (REFERENCE, TILED, DECODE); 0 with "none" or "" */
+    int32_t threads;         /**< threads of the call's parallel region (the calling thread included) */
+    size_t workspace_bytes;  /**< sdpa_attention_workspace_size() of the call (a caller workspace this large is enough) */
+    int64_t query_rows;      /**< query rows (b, h, i) that are not padding */
+    int64_t allowed_pairs;   /**< allowed pairs (attended key pairs): the softmax's terms */
+    int64_t skipped_pairs;   /**< pairs of the logical score matrix that are not allowed (padding rows included) */
+    int64_t empty_rows;      /**< query rows that are not padding and have no allowed key */
+    /** Floating-point operations of the contract, 2 per multiply-add: 2 * E per pair whose score
+     *  is formed (the allowed pairs; every non-padding pair with key j < the sequence's key count
+     *  for weights stages SCORES and SOFTCAPPED) plus 2 * Ev per allowed pair (P.V). Kernels
+     *  compute some blocked pairs of partial tiles too; softmax, softcap and ALiBi are not counted. */
+    int64_t flops;
+    /** Bytes read, each element counted once per (b, kv head) or row that needs it (logical
+     *  elements: a broadcast input is counted at every use):
+     *  q: E elements per non-padding query row; k: E per key row some query row of its
+     *  (b, kv head) attends (every key below the key count for score stages); v: Ev per key row
+     *  of an allowed pair of that group; mask: 1 byte per pair inside the structural range
+     *  (causal, window, lengths) of a non-padding row; bias: one element per such pair the mask
+     *  allows. Element sizes of each view's dtype. */
+    int64_t bytes_read_q;
+    int64_t bytes_read_k;      /**< see bytes_read_q */
+    int64_t bytes_read_v;      /**< see bytes_read_q */
+    int64_t bytes_read_mask;   /**< see bytes_read_q */
+    int64_t bytes_read_bias;   /**< see bytes_read_q */
+    int64_t bytes_written_out;     /**< B * Hq * L * Ev elements of out's dtype (padding rows are written too; q's dtype when out is NULL) */
+    int64_t bytes_written_weights; /**< 4 * B * Hq * L * S with weights (or SDPA_COST_WEIGHTS), else 0 */
+    int64_t bytes_written_lse;     /**< 4 * B * Hq * L with lse (or SDPA_COST_LSE), else 0 */
+} sdpa_cost;
+
+/** Zero *cost and set cost->struct_size = sizeof(sdpa_cost) (inline: the caller's size). */
+static inline void sdpa_cost_init(sdpa_cost *cost) {
+    unsigned char *bytes = (unsigned char *)cost;
+    for (size_t n = 0; n < sizeof(sdpa_cost); ++n)
+        bytes[n] = 0;
+    cost->struct_size = sizeof(sdpa_cost);
+}
+
+/**
+ * The cost of an sdpa_attention() call before running it (DESIGN section 12; the mask contracts'
+ * "budget sequence length" and "validate masks before expensive model execution"): it takes the
+ * call's arguments, runs every check of sdpa_attention() that needs no tensor values (the same
+ * code: ranks, shapes, dtypes, broadcast, strides, overlap, alignment, options, lengths,
+ * offsets, block-table entries and cu_seqlens, sinks and slopes, the forced kernel, a caller
+ * workspace's size), picks the kernel, ISA and threads with the same functions the call uses,
+ * and counts what the call would attend, compute, read and write. It writes no output and no
+ * workspace byte, reads no q, k or v value, and reads the allow-mask and bias values only with
+ * SDPA_COST_EXACT. Empty rows under SDPA_EMPTY_ROWS_ERROR are found where they are known: always
+ * without mask and bias (the structural rules decide them), and with SDPA_COST_EXACT.
+ *
+ * @param q, k, v, options  as for sdpa_attention().
+ * @param out      nullable: NULL = "the call will get a valid out of q's dtype" (checks that need
+ *                 out, such as its shape, strides and overlap, are then not made); weights and lse
+ *                 must then be NULL too (SDPA_COST_WEIGHTS / SDPA_COST_LSE ask for them).
+ * @param weights, lse  nullable, as for sdpa_attention().
+ * @param copts    nullable (= no flags); see sdpa_cost_options.
+ * @param cost     [out] the caller's struct with struct_size set; filled on every return except
+ *                 NULL_POINTER for cost itself and STRUCT_VERSION for cost->struct_size.
+ * @return the status sdpa_attention() with these arguments would return for everything that
+ *         does not depend on q/k/v values (so NON_FINITE is never returned; EMPTY_ROW only where
+ *         empty rows are known, see above), with the same message (sdpa_last_error_message(),
+ *         naming sdpa_attention_cost), and cost->status = the same value. On SDPA_OK every field
+ *         is filled; on SDPA_ERR_EMPTY_ROW too (the counts say how many rows are empty); on
+ *         another error the counts are 0 and kernel is "".
+ *         Errors of the query itself: SDPA_ERR_NULL_POINTER (cost NULL; out NULL with weights
+ *         or lse given), SDPA_ERR_STRUCT_VERSION (cost->struct_size below sizeof(sdpa_cost) of
+ *         0.6, 200 bytes on LP64, above 4096 or not a multiple of sizeof(size_t); copts'
+ *         struct_size or reserved0), SDPA_ERR_INVALID_ARGUMENT (unknown copts->flags bits),
+ *         SDPA_ERR_OUT_OF_MEMORY (O(S) bytes of scratch for the key counts).
+ * Return convention: the call's status is returned (not SDPA_OK with the status in a field),
+ * so `if (sdpa_attention_cost(...) != SDPA_OK)` rejects exactly the calls sdpa_attention()
+ * would reject on structure, and the Python package raises the same exception.
+ * Thread-safe; O(B * L + B * Hkv * S) without SDPA_COST_EXACT, O(B * Hq * L * S) with it.
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_attention_cost(const sdpa_tensor *q, const sdpa_tensor *k,
+                                                        const sdpa_tensor *v, const sdpa_options *options,
+                                                        const sdpa_tensor *out, const sdpa_tensor *weights,
+                                                        const sdpa_tensor *lse, const sdpa_cost_options *copts,
+                                                        sdpa_cost *cost);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
