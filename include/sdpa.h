@@ -1230,9 +1230,16 @@ typedef struct sdpa_cost_options {
     int32_t reserved0;  /**< must be 0 (SDPA_ERR_STRUCT_VERSION otherwise) */
 } sdpa_cost_options;
 
+/* The bytes of a struct, in C and C++ (no old-style cast in C++). */
+#ifdef __cplusplus
+#  define SDPA_BYTES_OF_(p) reinterpret_cast<unsigned char *>(p)
+#else
+#  define SDPA_BYTES_OF_(p) ((unsigned char *)(p))
+#endif
+
 /** Zero *copts and set copts->struct_size = sizeof(sdpa_cost_options) (inline: the caller's size). */
 static inline void sdpa_cost_options_init(sdpa_cost_options *copts) {
-    unsigned char *bytes = (unsigned char *)copts;
+    unsigned char *bytes = SDPA_BYTES_OF_(copts);
     for (size_t n = 0; n < sizeof(sdpa_cost_options); ++n)
         bytes[n] = 0;
     copts->struct_size = sizeof(sdpa_cost_options);
@@ -1293,7 +1300,7 @@ typedef struct sdpa_cost {
 
 /** Zero *cost and set cost->struct_size = sizeof(sdpa_cost) (inline: the caller's size). */
 static inline void sdpa_cost_init(sdpa_cost *cost) {
-    unsigned char *bytes = (unsigned char *)cost;
+    unsigned char *bytes = SDPA_BYTES_OF_(cost);
     for (size_t n = 0; n < sizeof(sdpa_cost); ++n)
         bytes[n] = 0;
     cost->struct_size = sizeof(sdpa_cost);
@@ -1311,11 +1318,15 @@ static inline void sdpa_cost_init(sdpa_cost *cost) {
  * SDPA_COST_EXACT. Empty rows under SDPA_EMPTY_ROWS_ERROR are found where they are known: always
  * without mask and bias (the structural rules decide them), and with SDPA_COST_EXACT.
  *
- * @param q, k, v, options  as for sdpa_attention().
+ * @param q        as for sdpa_attention() (so are k, v and options).
+ * @param k        see sdpa_attention().
+ * @param v        see sdpa_attention().
+ * @param options  nullable (= defaults); see sdpa_options.
  * @param out      nullable: NULL = "the call will get a valid out of q's dtype" (checks that need
  *                 out, such as its shape, strides and overlap, are then not made); weights and lse
  *                 must then be NULL too (SDPA_COST_WEIGHTS / SDPA_COST_LSE ask for them).
- * @param weights, lse  nullable, as for sdpa_attention().
+ * @param weights  nullable, as for sdpa_attention().
+ * @param lse      nullable, as for sdpa_attention().
  * @param copts    nullable (= no flags); see sdpa_cost_options.
  * @param cost     [out] the caller's struct with struct_size set; filled on every return except
  *                 NULL_POINTER for cost itself and STRUCT_VERSION for cost->struct_size.
