@@ -1344,7 +1344,10 @@ static inline void sdpa_cost_init(sdpa_cost *cost) {
  * Return convention: the call's status is returned (not SDPA_OK with the status in a field),
  * so `if (sdpa_attention_cost(...) != SDPA_OK)` rejects exactly the calls sdpa_attention()
  * would reject on structure, and the Python package raises the same exception.
- * Thread-safe; O(B * L + B * Hkv * S) without SDPA_COST_EXACT, O(B * Hq * L * S) with it.
+ * Thread-safe; O(B * L + B * Hkv * S) without SDPA_COST_EXACT, O(B * Hq * L * S) with it; it
+ * allocates O(S) bytes of scratch and frees them. Like the call (sdpa_options.num_threads), the
+ * first query of a process that would start threads of its own measures once what starting
+ * one costs (one empty thread created and joined); with a hook or a pool it creates none.
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_attention_cost(const sdpa_tensor *q, const sdpa_tensor *k,
                                                         const sdpa_tensor *v, const sdpa_options *options,

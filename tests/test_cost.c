@@ -681,7 +681,7 @@ static void test_cost_struct_versioning(void **state) {
     small *s = malloc(sizeof *s);
     small_make(s);
     assert_int_equal(sdpa_attention_cost(&s->tq, &s->tk, &s->tv, &s->o, NULL, NULL, NULL, NULL, NULL), SDPA_ERR_NULL_POINTER);
-    unsigned char big[512];
+    _Alignas(16) unsigned char big[512];
     memset(big, SENTINEL, sizeof big);
     sdpa_cost *c = (sdpa_cost *)(void *)big;
     c->struct_size = 16;
@@ -696,7 +696,7 @@ static void test_cost_struct_versioning(void **state) {
     assert_true(all_bytes(big + sizeof(sdpa_cost) + 64, sizeof big - sizeof(sdpa_cost) - 64, SENTINEL));
     assert_true(c->allowed_pairs > 0);
     /* cost options */
-    unsigned char ob[64];
+    _Alignas(16) unsigned char ob[64];
     memset(ob, 0, sizeof ob);
     sdpa_cost_options *co = (sdpa_cost_options *)(void *)ob;
     co->struct_size = sizeof *co;
