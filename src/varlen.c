@@ -68,8 +68,10 @@ sdpa_status sdpa__varlen_check(const char *fn, const sdpa_tensor *q, const sdpa_
 static size_t elem(const sdpa__view4 *v) { return sdpa_dtype_size((sdpa_dtype)v->dtype); }
 
 static void shift(sdpa__view4 *v, int64_t row0, int64_t rows) {
-    /* signed: a negative axis-2 stride moves the pointer down (no size_t wrap-around) */
-    v->data = (float *)(void *)((unsigned char *)v->data + (ptrdiff_t)(row0 * v->strides[2]) * (ptrdiff_t)elem(v));
+    /* signed: a negative axis-2 stride moves the pointer down (no size_t wrap-around); an empty
+     * view's data may be NULL, and no offset (not even 0) is added to a null pointer */
+    if (v->data != NULL)
+        v->data = (float *)(void *)((unsigned char *)v->data + (ptrdiff_t)(row0 * v->strides[2]) * (ptrdiff_t)elem(v));
     v->shape[2] = rows;
 }
 
