@@ -597,6 +597,17 @@ static void test_cost_causal_closed_form(void **state) {
     assert_int_equal(c.status, SDPA_OK);
     assert_int_equal(sdpa_attention(&s->tq, &s->tk, &s->tv, &s->o, &s->to, NULL, NULL), SDPA_OK);
     assert_string_equal(c.kernel, sdpa_last_kernel());
+    /* the query leaves sdpa_last_kernel() alone (its name is a copy in the struct) */
+    char before[64];
+    snprintf(before, sizeof before, "%s", sdpa_last_kernel());
+    s->o.kernel = SDPA_KERNEL_REFERENCE;
+    sdpa_cost d;
+    sdpa_cost_init(&d);
+    assert_int_equal(sdpa_attention_cost(&s->tq, &s->tk, &s->tv, &s->o, NULL, NULL, NULL, NULL, &d), SDPA_OK);
+    assert_string_equal(sdpa_last_kernel(), before);
+    assert_int_equal(d.kernel_id, SDPA_KERNEL_REFERENCE);
+    assert_string_equal(d.kernel, "reference");
+    assert_string_equal(c.kernel, before); /* still valid after later calls */
     free(s);
 }
 
