@@ -48,6 +48,8 @@ static size_t exec_bytes(const sdpa__exec_plan *x) {
     return sdpa__add_sat(x->shared_bytes, sdpa__mul_sat(x->thread_bytes, (size_t)x->threads));
 }
 
+size_t sdpa__exec_plan_need(const sdpa__exec_plan *x) { return sdpa__add_sat(exec_bytes(x), SDPA__WS_ALIGN_SLACK); }
+
 sdpa_status sdpa__attention_workspace_bytes(const char *fn, const sdpa__plan *p, size_t *bytes) {
     const sdpa__plan sp = sdpa__sizing_plan(p);
     sdpa__exec_plan x;
@@ -85,7 +87,7 @@ sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t
     sdpa_status st = sdpa__exec_plan_make(FN, p, &x);
     if (st != SDPA_OK)
         return st;
-    size_t need = sdpa__add_sat(exec_bytes(&x), SDPA__WS_ALIGN_SLACK);
+    size_t need = sdpa__exec_plan_need(&x);
     if (need == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", FN);
     if (workspace != NULL && workspace_bytes < need)

@@ -595,16 +595,30 @@ static bool decode_verify(void *vctx) {
 
 static sdpa_status decode_finish(void *vctx);
 
+/* The bf16 column of the scores (REDUCED with bf16 q and k), or NULL. */
+static const sdpa__mk_bf16 *decode_mk16(const sdpa__plan *p) {
+    return p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
+                   p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
+               ? sdpa__dispatch_mk_bf16()
+               : NULL;
+}
+
+static const char *decode_name(const sdpa__plan *p) {
+    const sdpa__mk_bf16 *mk16 = decode_mk16(p);
+    const bool split = decode_plan(p).nchunks > 1;
+    if (mk16 != NULL)
+        return split ? mk16->decode_split_name : mk16->decode_name;
+    const sdpa__mk *mk = sdpa__dispatch_mk(SDPA__MK_F32);
+    return split ? mk->decode_split_name : mk->decode_name;
+}
+
 /* The call's context in shared; items = (b, kv head, row group, key chunk), each leaving its
  * rows' partial results in shared; decode_finish merges them and writes the outputs. */
 static void decode_prepare(const sdpa__plan *p, void *shared, unsigned char *tws, size_t tstride, sdpa__work *w) {
     dctx *c = (dctx *)shared;
     c->p = p;
     c->mk = sdpa__dispatch_mk(SDPA__MK_F32);
-    c->mk16 = p->precision == SDPA_PRECISION_REDUCED && p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 &&
-                      p->load_q->rows_bf16 != NULL && p->load_k->rows_bf16 != NULL
-                  ? sdpa__dispatch_mk_bf16()
-                  : NULL;
+    c->mk16 = decode_mk16(p);
     c->kv_f32 = sdpa__dispatch_mk_kv(SDPA_DTYPE_F32);
     c->kvk = c->mk16 != NULL ? NULL : sdpa__dispatch_mk_kv(p->k.dtype);
     c->kvv = sdpa__dispatch_mk_kv(p->v.dtype);
@@ -727,10 +741,7 @@ static sdpa_status decode_finish(void *vctx) {
                 if (lrow)
                     *lrow = (float)(M + log(lt));
             }
-    if (c.mk16 != NULL)
-        sdpa__set_kernel_path(nc > 1 ? c.mk16->decode_split_name : c.mk16->decode_name, sdpa__dtype_tag(p));
-    else
-        sdpa__set_kernel_path(nc > 1 ? mk->decode_split_name : mk->decode_name, sdpa__dtype_tag(p));
+    sdpa__set_kernel_path(decode_name(p), sdpa__dtype_tag(p)); /* nc > 1: the split name */
     return SDPA_OK;
 }
 
@@ -752,4 +763,5 @@ const sdpa__kernel sdpa__kernel_decode = {
     .shared_bytes = decode_shared_bytes,
     .prepare = decode_prepare,
     .verify = decode_verify,
+    .name = decode_name,
 };

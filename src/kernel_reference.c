@@ -255,6 +255,11 @@ static void p_times_v(const sdpa__plan *p, const sdpa__mk *mk, int64_t b, int64_
     mk->unpack_lanes(ot, nl, rows, Ev, otile, (ptrdiff_t)Ev);
 }
 
+static const char *reference_name(const sdpa__plan *p) {
+    (void)p;
+    return "reference";
+}
+
 static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw, size_t ws_bytes) {
     (void)threads; /* the calling thread only */
     const layout l = make_layout(p);
@@ -334,7 +339,7 @@ static sdpa_status reference_run(const sdpa__plan *p, int threads, void *ws_raw,
             }
         }
     }
-    sdpa__set_kernel_path("reference", sdpa__dtype_tag(p));
+    sdpa__set_kernel_path(reference_name(p), sdpa__dtype_tag(p));
     return SDPA_OK;
 }
 
@@ -362,4 +367,5 @@ const sdpa__kernel sdpa__kernel_reference = {
     .threads = reference_threads,
     .workspace_bytes = reference_workspace_bytes,
     .run = reference_run,
+    .name = reference_name,
 };

@@ -550,10 +550,27 @@ static size_t tiled_shared_bytes(const sdpa__plan *p) {
     return sdpa__align64(sizeof(tctx));
 }
 
+/* The bf16 columns of a plan: mk16 for the scores (REDUCED, bf16 q and k), pv16 for P.V
+ * (REDUCED, bf16 v); NULL where float32 arithmetic runs. */
+static void tiled_columns(const sdpa__plan *p, const sdpa__mk_bf16 **mk16, const sdpa__mk_bf16 **pv16) {
+    const sdpa__mk_bf16 *col = p->precision == SDPA_PRECISION_REDUCED ? sdpa__dispatch_mk_bf16_tiled(p->E, p->Ev) : NULL;
+    *mk16 = p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 && p->load_q->rows_bf16 != NULL &&
+                    p->load_k->rows_bf16 != NULL
+                ? col
+                : NULL;
+    *pv16 = p->v.dtype == SDPA_DTYPE_BF16 && p->load_v->rows_bf16 != NULL ? col : NULL;
+}
+
+static const char *tiled_name(const sdpa__plan *p) {
+    const sdpa__mk_bf16 *mk16, *pv16;
+    tiled_columns(p, &mk16, &pv16);
+    const sdpa__mk_bf16 *col = mk16 != NULL ? mk16 : pv16;
+    return col != NULL ? col->tiled_name : sdpa__dispatch_mk(SDPA__MK_F32)->tiled_name;
+}
+
 static sdpa_status tiled_finish(void *vctx) {
     const tctx *c = (const tctx *)vctx;
-    const sdpa__mk_bf16 *col = c->mk16 != NULL ? c->mk16 : c->pv16;
-    sdpa__set_kernel_path(col != NULL ? col->tiled_name : c->mk->tiled_name, sdpa__dtype_tag(c->p));
+    sdpa__set_kernel_path(tiled_name(c->p), sdpa__dtype_tag(c->p));
     return SDPA_OK;
 }
 
@@ -562,12 +579,7 @@ static void tiled_prepare(const sdpa__plan *p, void *shared, unsigned char *tws,
     tctx *c = (tctx *)shared;
     c->p = p;
     c->mk = sdpa__dispatch_mk(SDPA__MK_F32);
-    const sdpa__mk_bf16 *col = p->precision == SDPA_PRECISION_REDUCED ? sdpa__dispatch_mk_bf16_tiled(p->E, p->Ev) : NULL;
-    c->mk16 = p->q.dtype == SDPA_DTYPE_BF16 && p->k.dtype == SDPA_DTYPE_BF16 && p->load_q->rows_bf16 != NULL &&
-                      p->load_k->rows_bf16 != NULL
-                  ? col
-                  : NULL;
-    c->pv16 = p->v.dtype == SDPA_DTYPE_BF16 && p->load_v->rows_bf16 != NULL ? col : NULL;
+    tiled_columns(p, &c->mk16, &c->pv16);
     const sdpa__mk_bf16 *used = c->mk16 != NULL ? c->mk16 : c->pv16;
     c->tiles_begin = used != NULL ? used->begin : NULL;
     c->tiles_end = used != NULL ? used->end : NULL;
@@ -607,4 +619,5 @@ const sdpa__kernel sdpa__kernel_tiled = {
     .thread_bytes = tiled_thread_bytes,
     .shared_bytes = tiled_shared_bytes,
     .prepare = tiled_prepare,
+    .name = tiled_name,
 };

@@ -70,6 +70,8 @@ SDPA_API sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, const sdpa_tens
     }
     if (T > 0 && slot_mapping == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: slot_mapping is NULL", FN);
+    if (T > 0 && (st = sdpa__check_aligned(FN, "slot_mapping", slot_mapping, sizeof(int64_t))) != SDPA_OK)
+        return st;
     int64_t nslots;
     if (sdpa__mul_overflow(key_cache->shape[0], key_cache->shape[2], &nslots))
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: num_blocks x block_size overflows", FN);

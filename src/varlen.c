@@ -369,3 +369,26 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     free(owned);
     return st;
 }
+
+/* ---- the cost query (cost.c, 0.6): what sdpa__varlen_run would plan, without running ---- */
+
+void sdpa__varlen_sequence_plan(const sdpa__plan *p, const sdpa_options *o, int64_t r, sdpa__plan *s) {
+    sequence_plan(p, o, r, s);
+}
+
+sdpa_status sdpa__varlen_exec(const char *fn, const sdpa__plan *p, const sdpa_options *o, int *threads, size_t *need,
+                              sdpa__plan *last, sdpa__exec_plan *last_x, bool *any) {
+    varlen_ws w;
+    sdpa_status st = layout(fn, p, o, &w, NULL);
+    if (st != SDPA_OK)
+        return st;
+    *threads = w.threads;
+    *need = w.total;
+    *any = false;
+    for (int64_t r = o->num_seqs - 1; r >= 0 && !*any; --r) { /* sdpa_last_kernel names the last live one */
+        sdpa__plan chk;
+        if ((st = plan_sequence(fn, p, o, r, &chk, last, last_x, any)) != SDPA_OK)
+            return st;
+    }
+    return SDPA_OK;
+}
