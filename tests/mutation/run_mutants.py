@@ -23,7 +23,10 @@ Modes:
   --stale-only  only check that every mutant's original snippet (equivalent ones too) occurs
                 exactly once in its file; seconds.
 
-A mutant block:  ## ID: description / [equivalent: reason] / [killed-by: test, test] / @@ file /
+A mutant on a path the CPU may lack names it (`needs: amx`): where the CPU lacks it the mutant
+is reported as not run (its tests skip), counted apart, and does not fail the run.
+
+A mutant block:  ## ID: description / [equivalent: reason] / [needs: feature] / [killed-by: test, test] / @@ file /
 <<< / original / === / replacement / >>>. Exit status 0 when no mutant is stale and every
 non-equivalent one is killed, 1 otherwise.
 """
@@ -62,11 +65,13 @@ def parse(path):
         if line.startswith("## "):
             ident, _, desc = line[3:].partition(":")
             cur = {"id": ident.strip(), "desc": desc.strip(), "file": None, "orig": [], "repl": [],
-                   "equivalent": None, "killed_by": []}
+                   "equivalent": None, "killed_by": [], "needs": []}
         elif line.startswith("@@ ") and cur is not None:
             cur["file"] = line[3:].strip()
         elif line.startswith("equivalent:") and cur is not None:
             cur["equivalent"] = line.split(":", 1)[1].strip()
+        elif line.startswith("needs:") and cur is not None:
+            cur["needs"] = [t.strip() for t in line.split(":", 1)[1].split(",") if t.strip()]
         elif line.startswith("killed-by:") and cur is not None:
             cur["killed_by"] = [t.strip() for t in line.split(":", 1)[1].split(",") if t.strip()]
         elif line == "<<<" and cur is not None:
@@ -82,6 +87,23 @@ def stale_reason(m, root=ROOT):
         return f"{m['file']} does not exist"
     n = open(path, encoding="utf-8").read().count(m["orig"])
     return None if n == 1 else f"original snippet found {n} times in {m['file']}"
+
+
+# CPU features a mutant's code path needs (`needs:`), as /proc/cpuinfo names them.
+FEATURE_FLAGS = {"amx": ["amx_tile", "amx_bf16"], "avx512": ["avx512f"], "avx512bf16": ["avx512_bf16"],
+                 "avx2": ["avx2", "fma"]}
+
+
+def cpu_lacks(needs):
+    """The features of `needs` this CPU lacks (a mutant on such a path cannot be run here)."""
+    try:
+        flags = set()
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("flags"):
+                flags |= set(line.split(":", 1)[1].split())
+    except OSError:
+        flags = set()
+    return [n for n in needs if not all(f in flags for f in FEATURE_FLAGS.get(n, [n]))]
 
 
 def copy_tree(dst):
@@ -234,7 +256,13 @@ def main():
     if args.stale_only:
         print(f"stale check: {len(mutants)} mutants, {len(stale)} stale")
         return 1 if stale else 0
-    todo = [m for m in mutants if not m["equivalent"] and m["id"] not in stale]
+    # A mutant on a path this CPU lacks (AMX, ...) is reported as not run, never as killed or
+    # survived: the tests of that path skip here.
+    not_run = {m["id"]: cpu_lacks(m["needs"]) for m in mutants if not m["equivalent"] and cpu_lacks(m["needs"])}
+    for m in mutants:
+        if m["id"] in not_run and m["id"] not in stale:
+            print(f"{'not run':9} {m['id']:6} {m['desc']}  [this CPU lacks {', '.join(not_run[m['id']])}]", flush=True)
+    todo = [m for m in mutants if not m["equivalent"] and m["id"] not in stale and m["id"] not in not_run]
     suites = args.suites.split(",")
     t0 = time.time()
     print(f"{len(mutants)} mutants ({sum(1 for m in mutants if m['equivalent'])} marked equivalent, {len(stale)} stale), "
@@ -261,7 +289,8 @@ def main():
     nstale = len(stale) + sum(v == "stale" for v in results.values())
     print(f"mutation score: {killed}/{len(results)} killed, {len(survived)} survived"
           f"{' (' + ', '.join(survived) + ')' if survived else ''}, {nstale} stale, "
-          f"{sum(1 for m in mutants if m['equivalent'])} equivalent excluded, {time.time() - t0:.0f} s")
+          f"{sum(1 for m in mutants if m['equivalent'])} equivalent excluded, "
+          f"{len(not_run)} not run (a path this CPU lacks), {time.time() - t0:.0f} s")
     if args.record and killers:
         record(killers)
         print(f"recorded killed-by for {len(killers)} mutants in {MUTANTS}")
