@@ -97,6 +97,7 @@ typedef enum sdpa_status {
     SDPA_ERR_SIZE_OVERFLOW = 25,     /**< a shape/stride product overflows int64_t or size_t */
     SDPA_ERR_EMPTY_DIMENSION = 26,   /**< a dimension that must be >= 1 is 0 (the head width E, a block pool's block_size) */
     SDPA_ERR_INDEX = 27,             /**< (0.5) an index read from caller memory is out of range: a block_table entry, a cu_seqlens entry, a kv-write slot */
+    SDPA_ERR_ALIGNMENT = 28,         /**< (0.6) a data pointer is not aligned to its element size: a view's data (4 bytes for float32, 2 for float16/bfloat16) or an array of the options (int64_t lengths and offsets: 8; int32_t block table and cu_seqlens: 4; float sinks and slopes: 4) */
 
     /* 30-39: data type */
     SDPA_ERR_DTYPE = 30,             /**< dtype not an sdpa_dtype, or one this entry point does not compute (each entry point says which) */
@@ -164,6 +165,13 @@ typedef enum sdpa_dtype {
  * from data (for float32: ((float *)data)[sum_d i_d * strides[d]]).
  * Strides are in elements and may be 0 (broadcast) or negative on inputs; outputs need
  * strides > 0 on every dimension of size > 1 and must not overlap themselves.
+ * Alignment (0.6): the data pointer of a view with at least one element must be a multiple of
+ * its element size (sdpa_dtype_size(): 4 for float32, 2 for float16 and bfloat16), as a C
+ * pointer of that type must be and as PyTorch, ONNX Runtime and numpy's aligned arrays give;
+ * since strides count elements, every element is then aligned too. A misaligned view, e.g.
+ * (float *)(buf + 3), is SDPA_ERR_ALIGNMENT from the constructors and from every function
+ * that takes a view (nothing is read or written through it). Empty views and allow-masks
+ * (uint8) may have any address.
  * Entries at index >= rank and reserved[] must be 0 (the constructors ensure it).
  * The library never writes through an input view, and never retains a view: a view of const
  * data (sdpa_tensor_init_strided(), sdpa_tensor_init_dtype() take `const void *`) may be passed
@@ -184,7 +192,7 @@ typedef struct sdpa_tensor {
  * @param data  buffer of prod(shape) floats, not retained; may be NULL only if prod(shape) == 0.
  * @param rank  1..SDPA_MAX_RANK.   @param shape [rank] sizes >= 0.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK, SDPA_ERR_SHAPE (negative size),
- *         SDPA_ERR_SIZE_OVERFLOW.
+ *         SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_ALIGNMENT (0.6: data not a multiple of 4 bytes).
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init(sdpa_tensor *view, float *data, int32_t rank,
                                                      const int64_t *shape);
@@ -219,7 +227,8 @@ SDPA_API const char *sdpa_dtype_name(sdpa_dtype dtype);
  *         SDPA_ERR_DTYPE (not an sdpa_dtype), SDPA_ERR_RANK, SDPA_ERR_SHAPE (negative size),
  *         SDPA_ERR_SIZE_OVERFLOW (element count, a stride or the byte span overflows, or the
  *         view's addresses wrap around: its lowest element below address 0 with negative strides,
- *         or its end past the top; every function that takes a view checks the same).
+ *         or its end past the top; every function that takes a view checks the same),
+ *         SDPA_ERR_ALIGNMENT (0.6: data of a non-empty view not a multiple of the element size).
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_strided(sdpa_tensor *view, const void *data,
                                                              sdpa_dtype dtype, int32_t rank,
@@ -231,7 +240,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_strided(sdpa_tensor *view, 
  * `data` (sdpa_tensor_init() for any dtype). (0.4)
  * @param data  const: see sdpa_tensor_init_strided(); may be NULL only if prod(shape) == 0.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE (not an sdpa_dtype), SDPA_ERR_RANK,
- *         SDPA_ERR_SHAPE (negative size), SDPA_ERR_SIZE_OVERFLOW.
+ *         SDPA_ERR_SHAPE (negative size), SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_ALIGNMENT (0.6).
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_dtype(sdpa_tensor *view, const void *data,
                                                            sdpa_dtype dtype, int32_t rank,
@@ -693,6 +702,9 @@ static inline void sdpa_options_init(sdpa_options *options) {
  * @retval SDPA_ERR_SIZE_OVERFLOW  shape products overflow, or L, S, E or Ev >= 2^31; a block
  *                                 table's extent ((B-1) * stride + max_blocks_per_seq) overflows
  * @retval SDPA_ERR_EMPTY_DIMENSION E == 0; a block pool's block_size == 0
+ * @retval SDPA_ERR_ALIGNMENT      (0.6) a view's data, or an array of the options (lengths,
+ *                                 offsets, block table, cu_seqlens, sinks, slopes), not aligned
+ *                                 to its element size (see sdpa_tensor)
  * @retval SDPA_ERR_DTYPE          a dtype that is not an sdpa_dtype, or weights / lse not float32
  * @retval SDPA_ERR_INVALID_ARGUMENT scale/softcap NaN, Inf or negative; window < -1; a key or
  *                                 query length outside [0, S] / [0, L]; dropout_p outside
@@ -910,7 +922,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
  *         SDPA_ERR_STRIDE, SDPA_ERR_OVERLAP, SDPA_ERR_SIZE_OVERFLOW,
  *         SDPA_ERR_NON_FINITE (lse NaN, or a non-finite out entry in a row whose lse is
- *         finite), SDPA_ERR_INVALID_ARGUMENT (reserved field not 0)
+ *         finite), SDPA_ERR_INVALID_ARGUMENT (reserved field not 0), SDPA_ERR_ALIGNMENT (0.6)
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_merge(const sdpa_tensor *out_a, const sdpa_tensor *lse_a,
                                                const sdpa_tensor *out_b, const sdpa_tensor *lse_b,
@@ -939,7 +951,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_merge(const sdpa_tensor *out_a, const s
  * value_cache and value may both be NULL (keys only). On the caller's thread; no allocation.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
  *         SDPA_ERR_STRIDE (cache self-overlapping), SDPA_ERR_OVERLAP (rows or slot_mapping
- *         overlap a cache, or the caches each other), SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_INDEX
+ *         overlap a cache, or the caches each other), SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_INDEX,
+ *         SDPA_ERR_ALIGNMENT (0.6: a view, or slot_mapping not 8-byte aligned)
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, const sdpa_tensor *value_cache,
                                                   const sdpa_tensor *key, const sdpa_tensor *value,
@@ -1072,7 +1085,7 @@ static inline void sdpa_mha_options_init(sdpa_mha_options *options) {
  *         kdim, vdim; E % H != 0 without head_dim; H % Hkv != 0; packed weights with kdim,
  *         vdim or GQA), SDPA_ERR_BROADCAST, SDPA_ERR_STRIDE, SDPA_ERR_OVERLAP,
  *         SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_DTYPE, SDPA_ERR_INVALID_ARGUMENT (flags, dropout_p,
- *         lengths), SDPA_ERR_EMPTY_ROW, SDPA_ERR_NON_FINITE, SDPA_ERR_WORKSPACE_TOO_SMALL,
+ *         lengths), SDPA_ERR_ALIGNMENT (0.6: a view or a lengths array), SDPA_ERR_EMPTY_ROW, SDPA_ERR_NON_FINITE, SDPA_ERR_WORKSPACE_TOO_SMALL,
  *         SDPA_ERR_OUT_OF_MEMORY (workspace allocation failed, or the BLAS library could not
  *         obtain its own GEMM buffer: OpenBLAS 0.3.21 maps 128 MiB per OpenBLAS thread on first
  *         use and would retry a failed mapping forever, so the call first checks that such a
@@ -1080,6 +1093,10 @@ static inline void sdpa_mha_options_init(sdpa_mha_options *options) {
  *         On failure nothing is written.
  *         Not covered: memory another thread takes between that check and the GEMM, and a
  *         failing malloc inside OpenBLAS's own threaded GEMM, on which OpenBLAS exits the process.
+ *         Also OpenBLAS's, not the library's: under an address-space limit (RLIMIT_AS) a process
+ *         that loaded libsdpa (and so OpenBLAS) can hang in exit() even if no call used BLAS, as
+ *         an OpenBLAS worker retries a 128 MiB mapping forever and exit joins it; with
+ *         OPENBLAS_NUM_THREADS=1 in the environment (OpenBLAS starts no worker) it exits.
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_mha_forward(const sdpa_mha_params *params,
                                                      const sdpa_tensor *query, const sdpa_tensor *key,
@@ -1192,6 +1209,155 @@ SDPA_API void sdpa_threadpool_destroy(sdpa_threadpool *pool);
 /** @return the pool's thread count (nthreads of sdpa_threadpool_create(), the caller's
  *  thread included), or 0 for NULL. */
 SDPA_API int sdpa_threadpool_size(const sdpa_threadpool *pool);
+
+/* ------------------------------------------------------------ cost query (0.6) */
+
+/** sdpa_cost_options.flags: scan the allow-mask and the bias (their values, O(B*Hq*L*S) reads)
+ *  so that pairs, empty rows and the bytes they decide are exact; see sdpa_cost.exact. */
+#define SDPA_COST_EXACT 0x1u
+/** sdpa_cost_options.flags: with weights == NULL, count as if a float32 weights view were passed
+ *  (the call will get one; it selects the reference kernel and is unsupported when packed). */
+#define SDPA_COST_WEIGHTS 0x2u
+/** sdpa_cost_options.flags: with lse == NULL, count as if a float32 lse view were passed. */
+#define SDPA_COST_LSE 0x4u
+
+/**
+ * Options of sdpa_attention_cost() (nullable there: NULL = all zero). A versioned struct read as
+ * sdpa_options is: struct_size first, every default the zero value, fields only appended, bytes
+ * beyond what this library knows must be 0 (SDPA_ERR_STRUCT_VERSION otherwise). (0.6)
+ * Initialise with `sdpa_cost_options co = {sizeof co};` (C and C++) and set fields.
+ */
+typedef struct sdpa_cost_options {
+    size_t struct_size; /**< sizeof(sdpa_cost_options) as compiled by the caller */
+    uint32_t flags;     /**< SDPA_COST_EXACT | SDPA_COST_WEIGHTS | SDPA_COST_LSE; other bits:
+                             SDPA_ERR_INVALID_ARGUMENT */
+    int32_t reserved0;  /**< must be 0 (SDPA_ERR_STRUCT_VERSION otherwise) */
+} sdpa_cost_options;
+
+/* The bytes of a struct, in C and C++ (no old-style cast in C++). */
+#ifdef __cplusplus
+#  define SDPA_BYTES_OF_(p) reinterpret_cast<unsigned char *>(p)
+#else
+#  define SDPA_BYTES_OF_(p) ((unsigned char *)(p))
+#endif
+
+/** Zero *copts and set copts->struct_size = sizeof(sdpa_cost_options) (inline: the caller's size). */
+static inline void sdpa_cost_options_init(sdpa_cost_options *copts) {
+    unsigned char *bytes = SDPA_BYTES_OF_(copts);
+    for (size_t n = 0; n < sizeof(sdpa_cost_options); ++n)
+        bytes[n] = 0;
+    copts->struct_size = sizeof(sdpa_cost_options);
+}
+
+/**
+ * What an sdpa_attention() call would do (filled by sdpa_attention_cost()). (0.6)
+ * The caller sets struct_size (`sdpa_cost c = {sizeof c};`, or sdpa_cost_init()); the library
+ * writes the first struct_size bytes and nothing beyond: fields it knows, and zeros over bytes
+ * of a newer layout it does not know. Counts are int64_t and saturate at INT64_MAX.
+ *
+ * Pairs are (query row (b, h, i), key j) of the call's logical score matrix [B, Hq, L, S]
+ * (S = max_blocks_per_seq * block_size for a paged cache; a packed batch: [Hq, L_r, S_r] per
+ * sequence r). A pair is allowed when the rule of sdpa_attention() (causal, window, key lengths,
+ * allow-mask, bias != -inf at the alignment) allows it and its row is not padding
+ * (query_lengths): exactly the pairs whose probability can be nonzero.
+ * Without SDPA_COST_EXACT the allow-mask and bias values are not read: pairs, empty rows and
+ * the byte counts they decide follow the structural rules only (causal, window, lengths, which
+ * are exact), so allowed_pairs and the bytes are upper bounds and empty_rows a lower bound,
+ * and exact is 0 when a mask or bias is given.
+ */
+typedef struct sdpa_cost {
+    size_t struct_size;      /**< set by the caller: sizeof(sdpa_cost) of its header */
+    int32_t status;          /**< sdpa_status sdpa_attention_cost() returned (= what the call would return, see there) */
+    int32_t exact;           /**< 1: every count below is exact; 0: see above (a mask or bias, not scanned) */
+    /** sdpa_last_kernel() the call would leave (kernel, ISA, dtype tag: "tiled-avx512",
+     *  "decode-split-avx2-f16", "none" without query rows; a packed batch: its last sequence with
+     *  query rows); "" when status is a validation error. NUL-terminated. */
+    char kernel[64];
+    int32_t kernel_id;       /**< sdpa_kernel of that kernel (REFERENCE, TILED, DECODE); 0 with "none" or "" */
+    int32_t threads;         /**< threads of the call's parallel region (the calling thread included) */
+    size_t workspace_bytes;  /**< sdpa_attention_workspace_size() of the call (a caller workspace this large is enough) */
+    int64_t query_rows;      /**< query rows (b, h, i) that are not padding */
+    int64_t allowed_pairs;   /**< allowed pairs (attended key pairs): the softmax's terms */
+    int64_t skipped_pairs;   /**< pairs of the logical score matrix that are not allowed (padding rows included) */
+    int64_t empty_rows;      /**< query rows that are not padding and have no allowed key */
+    /** Floating-point operations of the contract, 2 per multiply-add: 2 * E per pair whose score
+     *  is formed (the allowed pairs; every non-padding pair with key j < the sequence's key count
+     *  for weights stages SCORES and SOFTCAPPED) plus 2 * Ev per allowed pair (P.V). Kernels
+     *  compute some blocked pairs of partial tiles too; softmax, softcap and ALiBi are not counted. */
+    int64_t flops;
+    /** Bytes read, each element counted once per (b, kv head) or row that needs it (logical
+     *  elements: a broadcast input is counted at every use):
+     *  q: E elements per non-padding query row; k: E per key row some query row of its
+     *  (b, kv head) attends (every key below the key count for score stages); v: Ev per key row
+     *  of an allowed pair of that group; mask: 1 byte per pair inside the structural range
+     *  (causal, window, lengths) of a non-padding row; bias: one element per such pair the mask
+     *  allows. Element sizes of each view's dtype. */
+    int64_t bytes_read_q;
+    int64_t bytes_read_k;      /**< see bytes_read_q */
+    int64_t bytes_read_v;      /**< see bytes_read_q */
+    int64_t bytes_read_mask;   /**< see bytes_read_q */
+    int64_t bytes_read_bias;   /**< see bytes_read_q */
+    int64_t bytes_written_out;     /**< B * Hq * L * Ev elements of out's dtype (padding rows are written too; q's dtype when out is NULL) */
+    int64_t bytes_written_weights; /**< 4 * B * Hq * L * S with weights (or SDPA_COST_WEIGHTS), else 0 */
+    int64_t bytes_written_lse;     /**< 4 * B * Hq * L with lse (or SDPA_COST_LSE), else 0 */
+} sdpa_cost;
+
+/** Zero *cost and set cost->struct_size = sizeof(sdpa_cost) (inline: the caller's size). */
+static inline void sdpa_cost_init(sdpa_cost *cost) {
+    unsigned char *bytes = SDPA_BYTES_OF_(cost);
+    for (size_t n = 0; n < sizeof(sdpa_cost); ++n)
+        bytes[n] = 0;
+    cost->struct_size = sizeof(sdpa_cost);
+}
+
+/**
+ * The cost of an sdpa_attention() call before running it (DESIGN section 12; the mask contracts'
+ * "budget sequence length" and "validate masks before expensive model execution"): it takes the
+ * call's arguments, runs every check of sdpa_attention() that needs no tensor values (the same
+ * code: ranks, shapes, dtypes, broadcast, strides, overlap, alignment, options, lengths,
+ * offsets, block-table entries and cu_seqlens, sinks and slopes, the forced kernel, a caller
+ * workspace's size), picks the kernel, ISA and threads with the same functions the call uses,
+ * and counts what the call would attend, compute, read and write. It writes no output and no
+ * workspace byte, reads no q, k or v value, and reads the allow-mask and bias values only with
+ * SDPA_COST_EXACT. Empty rows under SDPA_EMPTY_ROWS_ERROR are found where they are known: always
+ * without mask and bias (the structural rules decide them), and with SDPA_COST_EXACT.
+ *
+ * @param q        as for sdpa_attention() (so are k, v and options).
+ * @param k        see sdpa_attention().
+ * @param v        see sdpa_attention().
+ * @param options  nullable (= defaults); see sdpa_options.
+ * @param out      nullable: NULL = "the call will get a valid out of q's dtype" (checks that need
+ *                 out, such as its shape, strides and overlap, are then not made); weights and lse
+ *                 must then be NULL too (SDPA_COST_WEIGHTS / SDPA_COST_LSE ask for them).
+ * @param weights  nullable, as for sdpa_attention().
+ * @param lse      nullable, as for sdpa_attention().
+ * @param copts    nullable (= no flags); see sdpa_cost_options.
+ * @param cost     [out] the caller's struct with struct_size set; filled on every return except
+ *                 NULL_POINTER for cost itself and STRUCT_VERSION for cost->struct_size.
+ * @return the status sdpa_attention() with these arguments would return for everything that
+ *         does not depend on q/k/v values (so NON_FINITE is never returned; EMPTY_ROW only where
+ *         empty rows are known, see above), with the same message (sdpa_last_error_message(),
+ *         naming sdpa_attention_cost), and cost->status = the same value. On SDPA_OK every field
+ *         is filled; on SDPA_ERR_EMPTY_ROW too (the counts say how many rows are empty); on
+ *         another error the counts are 0 and kernel is "".
+ *         Errors of the query itself: SDPA_ERR_NULL_POINTER (cost NULL; out NULL with weights
+ *         or lse given), SDPA_ERR_STRUCT_VERSION (cost->struct_size below sizeof(sdpa_cost) of
+ *         0.6, 200 bytes on LP64, above 4096 or not a multiple of sizeof(size_t); copts'
+ *         struct_size or reserved0), SDPA_ERR_INVALID_ARGUMENT (unknown copts->flags bits),
+ *         SDPA_ERR_OUT_OF_MEMORY (O(S) bytes of scratch for the key counts).
+ * Return convention: the call's status is returned (not SDPA_OK with the status in a field),
+ * so `if (sdpa_attention_cost(...) != SDPA_OK)` rejects exactly the calls sdpa_attention()
+ * would reject on structure, and the Python package raises the same exception.
+ * Thread-safe; O(B * L + B * Hkv * S) without SDPA_COST_EXACT, O(B * Hq * L * S) with it; it
+ * allocates O(S) bytes of scratch and frees them. Like the call (sdpa_options.num_threads), the
+ * first query of a process that would start threads of its own measures once what starting
+ * one costs (one empty thread created and joined); with a hook or a pool it creates none.
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_attention_cost(const sdpa_tensor *q, const sdpa_tensor *k,
+                                                        const sdpa_tensor *v, const sdpa_options *options,
+                                                        const sdpa_tensor *out, const sdpa_tensor *weights,
+                                                        const sdpa_tensor *lse, const sdpa_cost_options *copts,
+                                                        sdpa_cost *cost);
 
 #ifdef __cplusplus
 } /* extern "C" */

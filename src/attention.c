@@ -33,6 +33,8 @@ static size_t exec_bytes(const sdpa__exec_plan *x) {
     return sdpa__add_sat(x->shared_bytes, sdpa__mul_sat(x->thread_bytes, (size_t)x->threads));
 }
 
+size_t sdpa__exec_plan_need(const sdpa__exec_plan *x) { return sdpa__add_sat(exec_bytes(x), SDPA__WS_ALIGN_SLACK); }
+
 sdpa_status sdpa__attention_workspace_bytes(const char *fn, const sdpa__plan *p, size_t *bytes) {
     const sdpa__plan sp = sdpa__sizing_plan(p);
     sdpa__exec_plan x;
@@ -70,7 +72,7 @@ sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t
     sdpa_status st = sdpa__exec_plan_make(p->fn, p, &x);
     if (st != SDPA_OK)
         return st;
-    size_t need = sdpa__add_sat(exec_bytes(&x), SDPA__WS_ALIGN_SLACK);
+    size_t need = sdpa__exec_plan_need(&x);
     if (need == SIZE_MAX)
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", p->fn);
     if (workspace != NULL && workspace_bytes < need)
@@ -141,8 +143,10 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, 
 static size_t elem(const sdpa__view4 *v) { return sdpa_dtype_size((sdpa_dtype)v->dtype); }
 
 static void shift(sdpa__view4 *v, int64_t row0, int64_t rows) {
-    /* signed: a negative axis-2 stride moves the pointer down (no size_t wrap-around) */
-    v->data = (float *)(void *)((unsigned char *)v->data + (ptrdiff_t)(row0 * v->strides[2]) * (ptrdiff_t)elem(v));
+    /* signed: a negative axis-2 stride moves the pointer down (no size_t wrap-around); an empty
+     * view's data may be NULL, and no offset (not even 0) is added to a null pointer */
+    if (v->data != NULL)
+        v->data = (float *)(void *)((unsigned char *)v->data + (ptrdiff_t)(row0 * v->strides[2]) * (ptrdiff_t)elem(v));
     v->shape[2] = rows;
 }
 
@@ -428,4 +432,24 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     free(sq);
     free(owned);
     return st;
+}
+
+/* ---- the cost query (cost.c, 0.6): what sdpa__varlen_run would plan, without running ---- */
+
+void sdpa__varlen_sequence_plan(const sdpa__plan *p, const sdpa_options *o, int64_t r, sdpa__plan *s) {
+    sequence_plan(p, o, r, s);
+}
+
+sdpa_status sdpa__varlen_exec(const char *fn, const sdpa__plan *p, const sdpa_options *o, int *threads, size_t *need,
+                              sdpa__plan *last, sdpa__exec_plan *last_x, bool *any) {
+    varlen_ws w;
+    SDPA__TRY(layout(fn, p, o, &w, NULL));
+    *threads = w.threads;
+    *need = w.total;
+    *any = false;
+    for (int64_t r = o->num_seqs - 1; r >= 0 && !*any; --r) { /* sdpa_last_kernel names the last live one */
+        sdpa__plan chk;
+        SDPA__TRY(plan_sequence(fn, p, o, r, &chk, last, last_x, any));
+    }
+    return SDPA_OK;
 }

@@ -5,7 +5,7 @@
  * (tests/layering/check_layering.py reads this list and fails on an arrow up):
  *
  * Stages, top to bottom (a stage: its src/ files):
- *   entries: mha.c, merge.c, kv_write.c, mask.c
+ *   entries: mha.c, merge.c, kv_write.c, mask.c, cost.c
  *   driver: attention.c
  *   plan: plan.c, options.c, view.c
  *   context: context.c
@@ -104,6 +104,10 @@ sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char 
 sdpa_status sdpa__check_view(const sdpa_tensor *t, const char *fn, const char *name, int32_t rank_min,
                              int32_t rank_max);
 sdpa_status sdpa__check_dtype_supported(const sdpa_tensor *t, const char *fn, const char *name, unsigned dtypes);
+/* 0.6: ptr (NULL: nothing to check) must be a multiple of align bytes (a view's element size,
+ * or the element size of an array of the options); else SDPA_ERR_ALIGNMENT naming `name`.
+ * sdpa__check_view checks every non-empty view's data with it. */
+sdpa_status sdpa__check_aligned(const char *fn, const char *name, const void *ptr, size_t align);
 /* Check an allow-mask: rank 1..4, reserved and beyond-rank entries 0, geometry, data. */
 sdpa_status sdpa__check_mask(const char *fn, const char *name, const sdpa_allow_mask *m);
 /* Extra rules for outputs: strides > 0 on dims of size > 1 and no self-overlap. */

@@ -85,6 +85,10 @@ typedef struct sdpa__kernel {
      * the inline K/V check fails; any thread may run it, so it makes no message (finish
      * does). A packed batch runs it as a gate before other sequences' items write. */
     bool (*verify)(void *ctx);
+    /* The name this kernel gives sdpa_last_kernel() for the plan, before the dtype tag
+     * (sdpa__dtype_tag): its run / finish report exactly this, and the cost query (cost.c)
+     * asks it without running anything. */
+    const char *(*name)(const sdpa__plan *p);
 } sdpa__kernel;
 
 /* The kernels, in AUTO's order of preference, NULL-terminated (kernel.c). */
@@ -109,5 +113,17 @@ typedef struct sdpa__exec_plan {
     size_t shared_bytes; /* the kernel's shared state */
 } sdpa__exec_plan;
 sdpa_status sdpa__exec_plan_make(const char *fn, const sdpa__plan *p, sdpa__exec_plan *x);
+/* Workspace bytes a call with exec plan x needs (alignment slack included; SIZE_MAX = overflow):
+ * what sdpa__attention_planned asks of a caller's workspace. */
+size_t sdpa__exec_plan_need(const sdpa__exec_plan *x);
+
+/* attention.c's packed driver, for the cost query (cost.c): the B = 1 plan of packed sequence r, as
+ * sdpa__varlen_run runs it; and what that run plans: the region's threads, the workspace it
+ * needs (0: no sequence has a query row) and, in *last / *last_x, the run plan and exec plan of
+ * the last sequence with query rows (the kernel sdpa_last_kernel() then names; *any false:
+ * none). */
+void sdpa__varlen_sequence_plan(const sdpa__plan *p, const sdpa_options *o, int64_t r, sdpa__plan *s);
+sdpa_status sdpa__varlen_exec(const char *fn, const sdpa__plan *p, const sdpa_options *o, int *threads, size_t *need,
+                              sdpa__plan *last, sdpa__exec_plan *last_x, bool *any);
 
 #endif

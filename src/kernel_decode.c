@@ -681,6 +681,11 @@ static bool decode_verify(void *vctx) {
 
 static sdpa_status decode_finish(void *vctx);
 
+/* The name sdpa_last_kernel() gets (before the dtype tag): the context's, split or not. */
+static const char *decode_name(const sdpa__plan *p) {
+    return decode_plan(p).nchunks > 1 ? p->ctx.decode_split_name : p->ctx.decode_name;
+}
+
 /* The call's context in shared; items = (b, kv head, row group, key chunk), each leaving its
  * rows' partial results in shared; decode_finish merges them and writes the outputs. */
 static void decode_prepare(const sdpa__plan *p, void *shared, unsigned char *tws, size_t tstride, sdpa__work *w) {
@@ -819,7 +824,7 @@ static sdpa_status decode_finish(void *vctx) {
                 if (lrow)
                     *lrow = (float)(M + log(lt));
             }
-    sdpa__set_kernel_path(nc > 1 ? p->ctx.decode_split_name : p->ctx.decode_name, sdpa__dtype_tag(p));
+    sdpa__set_kernel_path(decode_name(p), sdpa__dtype_tag(p)); /* nc > 1: the split name */
     return SDPA_OK;
 }
 
@@ -841,4 +846,5 @@ const sdpa__kernel sdpa__kernel_decode = {
     .shared_bytes = decode_shared_bytes,
     .prepare = decode_prepare,
     .verify = decode_verify,
+    .name = decode_name,
 };

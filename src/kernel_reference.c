@@ -339,9 +339,14 @@ static void reference_item(void *vctx, int64_t task, int tid) {
     }
 }
 
+static const char *reference_name(const sdpa__plan *p) {
+    (void)p;
+    return "reference";
+}
+
 static sdpa_status reference_finish(void *vctx) {
     const rctx *c = (const rctx *)vctx;
-    sdpa__set_kernel_path("reference", sdpa__dtype_tag(c->p));
+    sdpa__set_kernel_path(reference_name(c->p), sdpa__dtype_tag(c->p));
     return SDPA_OK;
 }
 
@@ -387,4 +392,5 @@ const sdpa__kernel sdpa__kernel_reference = {
     .thread_bytes = reference_thread_bytes,
     .shared_bytes = reference_shared_bytes,
     .prepare = reference_prepare,
+    .name = reference_name,
 };

@@ -667,9 +667,12 @@ static size_t tiled_shared_bytes(const sdpa__plan *p) {
     return sdpa__align64(sizeof(tctx));
 }
 
+/* The name sdpa_last_kernel() gets (before the dtype tag): the context's. */
+static const char *tiled_name(const sdpa__plan *p) { return p->ctx.tiled_name; }
+
 static sdpa_status tiled_finish(void *vctx) {
     const tctx *c = (const tctx *)vctx;
-    sdpa__set_kernel_path(c->p->ctx.tiled_name, sdpa__dtype_tag(c->p));
+    sdpa__set_kernel_path(tiled_name(c->p), sdpa__dtype_tag(c->p));
     return SDPA_OK;
 }
 
@@ -718,4 +721,5 @@ const sdpa__kernel sdpa__kernel_tiled = {
     .thread_bytes = tiled_thread_bytes,
     .shared_bytes = tiled_shared_bytes,
     .prepare = tiled_prepare,
+    .name = tiled_name,
 };

@@ -26,20 +26,23 @@ static sdpa_status check_pair(const sdpa_tensor *cache, const sdpa_tensor *rows,
     return sdpa__check_output_layout(cache, FN, cname);
 }
 
-/* Row (t, h) of rows into slot s of (h) of cache, converted. */
+/* Row (t, h) of rows into slot s of (h) of cache, converted. Offsets stay signed (ptrdiff_t)
+ * down to the pointer: a negative stride of rows moves the pointer down, with no wrap-around
+ * of an unsigned offset (undefined behaviour). */
 static void put_row(const sdpa__convert *cv, const sdpa_tensor *cache, const sdpa_tensor *rows, int64_t t, int64_t h,
                     int64_t slot) {
     const int64_t bs = cache->shape[2], n = rows->shape[2];
-    const size_t re = sdpa_dtype_size((sdpa_dtype)rows->dtype), ce = sdpa_dtype_size((sdpa_dtype)cache->dtype);
-    const unsigned char *src = (const unsigned char *)rows->data + (size_t)(t * rows->strides[0] + h * rows->strides[1]) * re;
+    const ptrdiff_t re = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)rows->dtype),
+                    ce = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)cache->dtype);
+    const unsigned char *src = (const unsigned char *)rows->data + (ptrdiff_t)(t * rows->strides[0] + h * rows->strides[1]) * re;
     unsigned char *dst = (unsigned char *)(void *)cache->data +
-                         (size_t)((slot / bs) * cache->strides[0] + h * cache->strides[1] + (slot % bs) * cache->strides[2]) * ce;
+                         (ptrdiff_t)((slot / bs) * cache->strides[0] + h * cache->strides[1] + (slot % bs) * cache->strides[2]) * ce;
     float tmp[KVW_CHUNK];
     for (int64_t e0 = 0; e0 < n; e0 += KVW_CHUNK) {
         const int64_t m = n - e0 < KVW_CHUNK ? n - e0 : KVW_CHUNK;
-        sdpa__widen_rows(cv, rows->dtype, src + (size_t)(e0 * rows->strides[2]) * re, 0, (ptrdiff_t)rows->strides[2], 1, m,
-                         tmp, m);
-        sdpa__narrow_rows(cv, cache->dtype, tmp, m, 1, m, dst + (size_t)(e0 * cache->strides[3]) * ce, 0,
+        sdpa__widen_rows(cv, rows->dtype, src + (ptrdiff_t)(e0 * rows->strides[2]) * re, 0, (ptrdiff_t)rows->strides[2], 1,
+                         m, tmp, m);
+        sdpa__narrow_rows(cv, cache->dtype, tmp, m, 1, m, dst + (ptrdiff_t)(e0 * cache->strides[3]) * ce, 0,
                           (ptrdiff_t)cache->strides[3]);
     }
 }
@@ -66,6 +69,8 @@ SDPA_API sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, const sdpa_tens
     }
     if (T > 0 && slot_mapping == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: slot_mapping is NULL", FN);
+    if (T > 0 && (st = sdpa__check_aligned(FN, "slot_mapping", slot_mapping, sizeof(int64_t))) != SDPA_OK)
+        return st;
     int64_t nslots;
     if (sdpa__mul_overflow(key_cache->shape[0], key_cache->shape[2], &nslots))
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: num_blocks x block_size overflows", FN);

@@ -481,7 +481,9 @@ static sdpa_status plan_options(const char *fn, mha_plan *pl) {
                           (int)o->empty_rows);
     if (o->num_threads < 0)
         return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: options->num_threads=%d must be >= 0", fn, (int)o->num_threads);
-    if ((st = check_lengths(fn, o->key_lengths, B, S, "key_lengths", "S")) != SDPA_OK ||
+    if ((st = sdpa__check_aligned(fn, "options->key_lengths", o->key_lengths, sizeof(int64_t))) != SDPA_OK ||
+        (st = sdpa__check_aligned(fn, "options->query_lengths", o->query_lengths, sizeof(int64_t))) != SDPA_OK ||
+        (st = check_lengths(fn, o->key_lengths, B, S, "key_lengths", "S")) != SDPA_OK ||
         (st = check_lengths(fn, o->query_lengths, B, L, "query_lengths", "L")) != SDPA_OK)
         return st;
     const int64_t target[4] = {B, H, L, S};

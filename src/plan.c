@@ -196,6 +196,27 @@ static sdpa_status paged_check_table(const char *fn, const sdpa__plan *p, const 
     return SDPA_OK;
 }
 
+/* 0.6: the options' arrays are read through typed pointers, so each must be aligned to its
+ * element type (SDPA_ERR_ALIGNMENT); query_offsets only where they are read. */
+static sdpa_status check_option_arrays_aligned(const char *fn, const sdpa_options *o) {
+    const struct { const char *name; const void *ptr; size_t align; } a[] = {
+        {"options->key_lengths", o->key_lengths, sizeof(int64_t)},
+        {"options->query_lengths", o->query_lengths, sizeof(int64_t)},
+        {"options->query_offsets", o->alignment == SDPA_ALIGN_OFFSETS ? o->query_offsets : NULL, sizeof(int64_t)},
+        {"options->block_table", o->block_table, sizeof(int32_t)},
+        {"options->cu_seqlens_q", o->cu_seqlens_q, sizeof(int32_t)},
+        {"options->cu_seqlens_k", o->cu_seqlens_k, sizeof(int32_t)},
+        {"options->sinks", o->sinks, sizeof(float)},
+        {"options->alibi_slopes", o->alibi_slopes, sizeof(float)},
+    };
+    for (size_t t = 0; t < sizeof a / sizeof a[0]; ++t) {
+        const sdpa_status st = sdpa__check_aligned(fn, a[t].name, a[t].ptr, a[t].align);
+        if (st != SDPA_OK)
+            return st;
+    }
+    return SDPA_OK;
+}
+
 sdpa_status sdpa__plan_make(const char *fn, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
                              const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
                              const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o) {
@@ -208,6 +229,7 @@ sdpa_status sdpa__plan_make(const char *fn, const sdpa_tensor *q, const sdpa_ten
     SDPA__TRY(check_input(fn, k, "key", 3, 4));
     SDPA__TRY(check_input(fn, v, "value", 3, 4));
     SDPA__TRY(sdpa__options_read(fn, opt_in, o));
+    SDPA__TRY(check_option_arrays_aligned(fn, o));
     if (k->rank != q->rank || v->rank != q->rank)
         return sdpa__fail(SDPA_ERR_RANK, "%s: query.rank=%d, key.rank=%d, value.rank=%d must be equal", fn,
                           (int)q->rank, (int)k->rank, (int)v->rank);

@@ -25,6 +25,7 @@ SDPA_API const char *sdpa_status_string(sdpa_status status) {
     case SDPA_ERR_SIZE_OVERFLOW: return "SDPA_ERR_SIZE_OVERFLOW";
     case SDPA_ERR_EMPTY_DIMENSION: return "SDPA_ERR_EMPTY_DIMENSION";
     case SDPA_ERR_INDEX: return "SDPA_ERR_INDEX";
+    case SDPA_ERR_ALIGNMENT: return "SDPA_ERR_ALIGNMENT";
     case SDPA_ERR_DTYPE: return "SDPA_ERR_DTYPE";
     case SDPA_ERR_EMPTY_ROW: return "SDPA_ERR_EMPTY_ROW";
     case SDPA_ERR_NON_FINITE: return "SDPA_ERR_NON_FINITE";

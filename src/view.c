@@ -87,6 +87,25 @@ static sdpa_status check_address_range(const char *fn, const char *name, const v
     return SDPA_OK;
 }
 
+/* 0.6: the data of a non-empty view must be aligned to its element size (include/sdpa.h,
+ * sdpa_tensor): loaders and write-backs read and store elements through typed pointers. */
+static sdpa_status check_data_aligned(const char *fn, const char *name, const void *data, int32_t rank,
+                                      const int64_t *shape, size_t elem) {
+    for (int32_t d = 0; d < rank; ++d)
+        if (shape[d] == 0)
+            return SDPA_OK; /* nothing is read or written through an empty view */
+    return sdpa__check_aligned(fn, name, data, elem);
+}
+
+sdpa_status sdpa__check_aligned(const char *fn, const char *name, const void *ptr, size_t align) {
+    if (ptr == NULL || align <= 1 || (uintptr_t)ptr % align == 0)
+        return SDPA_OK;
+    return sdpa__fail(SDPA_ERR_ALIGNMENT,
+                      "%s: %s data=%p is not aligned to its element size of %zu bytes (address %% %zu = %zu); "
+                      "libsdpa reads and writes elements through typed pointers: pass an aligned buffer",
+                      fn, name, ptr, align, align, (size_t)((uintptr_t)ptr % align));
+}
+
 sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char *name,
                                int32_t rank_min, int32_t rank_max) {
     sdpa_status st = sdpa__check_view(t, fn, name, rank_min, rank_max);
@@ -340,7 +359,9 @@ sdpa_status sdpa__check_view(const sdpa_tensor *t, const char *fn, const char *n
     if (numel > 0 && t->data == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL but the view has %lld elements", fn,
                           name, (long long)numel);
-    return check_address_range(fn, name, t->data, t->rank, t->shape, t->strides, elem);
+    if ((st = check_address_range(fn, name, t->data, t->rank, t->shape, t->strides, elem)) != SDPA_OK)
+        return st;
+    return check_data_aligned(fn, name, t->data, t->rank, t->shape, elem);
 }
 
 sdpa_status sdpa__check_dtype_supported(const sdpa_tensor *t, const char *fn, const char *name, unsigned dtypes) {
@@ -383,6 +404,8 @@ static sdpa_status init_view(const char *fn, sdpa_tensor *view, const void *data
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld elements", fn,
                           (long long)numel);
     st = check_address_range(fn, "view", data, rank, shape, strides, elem);
+    if (st == SDPA_OK)
+        st = check_data_aligned(fn, "view", data, rank, shape, elem);
     if (st != SDPA_OK)
         return st;
     /* The library never writes through an input view: the cast only keeps the frozen layout. */

@@ -96,6 +96,16 @@ static const char *path_desc(const path *p)
     return buf;
 }
 
+/* An ISA cap's rank: 0 portable, 1 avx2, 2 avx512 and above (amx, unset or unknown: no cap). */
+static int isa_level(const char *isa)
+{
+    if (isa != NULL && strcmp(isa, "portable") == 0)
+        return 0;
+    if (isa != NULL && strcmp(isa, "avx2") == 0)
+        return 1;
+    return 2;
+}
+
 /* The kernel name must name the path and, for tiled/decode, the micro-kernel set. */
 static void check_kernel_name(const path *p, const char *what)
 {
@@ -107,15 +117,16 @@ static void check_kernel_name(const path *p, const char *what)
     if (p->kernel == SDPA_KERNEL_REFERENCE) {
         return;
     }
-    /* The set: portable when asked or without AVX2; AVX2 when capped there; else AVX-512
-     * where the CPU (and the compiler that built the library) has it. */
-    const char *want = !cpu_has_avx2() || (p->isa && strcmp(p->isa, "portable") == 0) ? "-portable" : "-avx2";
-    int ok = ends_with(name, want);
-    if (!ok && p->isa == NULL && cpu_has_avx512()) {
-        ok = ends_with(name, "-avx512");
-    }
-    if (!ok) {
-        fail_msg("%s on %s: kernel \"%s\" does not end with \"%s\"", what, path_desc(p), name, want);
+    /* The set: the lower of what the CPU has and the cap, which is the path's own (the test hook
+     * replaces the process's cap) or else the process's SDPA_MAX_ISA (README: portable, avx2,
+     * avx512, amx; another value caps nothing). */
+    static const char *const SUFFIX[3] = {"-portable", "-avx2", "-avx512"};
+    int level = cpu_has_avx512() ? 2 : cpu_has_avx2() ? 1 : 0;
+    const int cap = p->isa != NULL ? isa_level(p->isa) : isa_level(getenv("SDPA_MAX_ISA"));
+    level = cap < level ? cap : level;
+    if (!ends_with(name, SUFFIX[level])) {
+        fail_msg("%s on %s (SDPA_MAX_ISA=%s): kernel \"%s\" does not end with \"%s\"", what, path_desc(p),
+                 getenv("SDPA_MAX_ISA") ? getenv("SDPA_MAX_ISA") : "(unset)", name, SUFFIX[level]);
     }
 }
 

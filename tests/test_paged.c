@@ -750,6 +750,11 @@ static void test_kv_write(void **state) {
     assert_int_equal(sdpa_tensor_init_dtype(&tin, kc + 48, SDPA_DTYPE_F32, 3, rs), SDPA_OK);
     expect(sdpa_kv_write(&tkc, &tvc, &tin, &tv, slots), SDPA_ERR_OVERLAP, "key_cache");
     expect(sdpa_kv_write(&tkc, &tkc, &tk, &tv, slots), SDPA_ERR_OVERLAP, "value_cache");
+    /* value rows inside the key cache, and inside the value cache */
+    expect(sdpa_kv_write(&tkc, &tvc, &tk, &tin, slots), SDPA_ERR_OVERLAP, "key_cache");
+    sdpa_tensor tvin;
+    assert_int_equal(sdpa_tensor_init_dtype(&tvin, vc + 24, SDPA_DTYPE_F32, 3, rs), SDPA_OK);
+    expect(sdpa_kv_write(&tkc, &tvc, &tk, &tvin, slots), SDPA_ERR_OVERLAP, "value_cache");
     expect(sdpa_kv_write(&tkc, &tvc, &tk, &tv, (const int64_t *)(const void *)kc), SDPA_ERR_OVERLAP, "slot_mapping");
     assert_true(is_canary(kc, 72) && is_canary(vc, 72));
     expect(sdpa_kv_write(&tkc, &tvc, &tk, NULL, slots), SDPA_ERR_NULL_POINTER, "value");
@@ -1048,6 +1053,327 @@ static void test_packed_offsets_workspace(void **state) {
     bits_equal(ref, out, 96, "packed OFFSETS vs per-sequence");
 }
 
+/* --------------------------------------------- audit gaps (issue 27): paged and packed */
+
+/* Paged weights at the score stages (SCORES, SOFTCAPPED) cover every key of the block table's
+ * width: keys past key_lengths[b] are zero rows there (sdpa.h), never a read through the table
+ * entries past a sequence's last block (the fixture puts 1 << 30 and -7 there, and NaN in
+ * every slot past a length). Keys < len[b] give the dense call's bits. */
+static void test_paged_weights_score_stages(void **state) {
+    (void)state;
+    const int64_t B = 3, Hq = 2, Hkv = 1, E = 8, Ev = 8, BS = 4, L = 3;
+    const int64_t len[3] = {5, 2, 9};
+    fix f;
+    fix_make(&f, B, Hkv, E, Ev, BS, len, 0, 1);
+    const int64_t S = f.MB * BS;
+    float *q = falloc((size_t)(B * Hq * L * E));
+    fill(q, (size_t)(B * Hq * L * E));
+    const size_t no = (size_t)(B * Hq * L * Ev), nw = (size_t)(B * Hq * L * S);
+    float *o1 = falloc(no), *o2 = falloc(no), *w1 = falloc(nw), *w2 = falloc(nw);
+    sdpa_tensor tq = view4(q, B, Hq, L, E, NULL), tdk = view4(f.dk, B, Hkv, S, E, NULL), tdv = view4(f.dv, B, Hkv, S, Ev, NULL);
+    sdpa_tensor tpk = fix_pool(&f, 0), tpv = fix_pool(&f, 1);
+    sdpa_tensor to1 = view4(o1, B, Hq, L, Ev, NULL), to2 = view4(o2, B, Hq, L, Ev, NULL);
+    sdpa_tensor tw1 = view4(w1, B, Hq, L, S, NULL), tw2 = view4(w2, B, Hq, L, S, NULL);
+    const int stages[2] = {SDPA_WEIGHTS_SCORES, SDPA_WEIGHTS_SOFTCAPPED};
+    for (int st = 0; st < 2; ++st) {
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.causal = 1;
+        o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+        o.key_lengths = f.len;
+        o.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+        o.weights_stage = stages[st];
+        o.softcap = stages[st] == SDPA_WEIGHTS_SOFTCAPPED ? 0.75f : 0.0f;
+        canary(w1, nw); canary(w2, nw);
+        expect(sdpa_attention(&tq, &tdk, &tdv, &o, &to1, &tw1, NULL), SDPA_OK, NULL);
+        fix_paged_options(&f, &o);
+        expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to2, &tw2, NULL), SDPA_OK, NULL);
+        bits_equal(o1, o2, no, "out");
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < Hq; ++h)
+                for (int64_t i = 0; i < L; ++i)
+                    for (int64_t j = 0; j < S; ++j) {
+                        const size_t at = (size_t)(((b * Hq + h) * L + i) * S + j);
+                        if (j < len[b]) {
+                            if (memcmp(&w1[at], &w2[at], sizeof(float)) != 0)
+                                fail_msg("stage %d: weights[%lld,%lld,%lld,%lld] = %g paged, %g dense", stages[st],
+                                         (long long)b, (long long)h, (long long)i, (long long)j, (double)w2[at],
+                                         (double)w1[at]);
+                        } else if (w2[at] != 0.0f) {
+                            fail_msg("stage %d: weights[%lld,%lld,%lld,%lld] = %g past key_lengths[%lld]=%lld, want 0 (a zero row)",
+                                     stages[st], (long long)b, (long long)h, (long long)i, (long long)j, (double)w2[at],
+                                     (long long)b, (long long)len[b]);
+                        }
+                    }
+    }
+    free(q); free(o1); free(o2); free(w1); free(w2);
+    fix_free(&f);
+}
+
+/* A batched decode (L = 1, paged and dense with key_lengths) whose LAST sequence is the longest
+ * and longer than one key split: the split is sized from the longest sequence, wherever it
+ * is. Against the float64 evaluation through the block table; paged and dense bit-equal. */
+static void test_decode_last_sequence_longest(void **state) {
+    (void)state;
+    const int64_t lens[2][2] = {{10, 500}, {10, 1500}};
+    for (int c = 0; c < 2; ++c) {
+        const int64_t B = 2, Hq = 4, Hkv = 2, E = 16, Ev = 8, BS = 16, L = 1;
+        fix f;
+        fix_make(&f, B, Hkv, E, Ev, BS, lens[c], 1, 0);
+        const int64_t S = f.MB * BS;
+        float *q = falloc((size_t)(B * Hq * L * E));
+        fill(q, (size_t)(B * Hq * L * E));
+        const size_t no = (size_t)(B * Hq * L * Ev), nl = (size_t)(B * Hq * L);
+        float *o1 = falloc(no), *o2 = falloc(no), *l1 = falloc(nl), *l2 = falloc(nl);
+        sdpa_tensor tq = view4(q, B, Hq, L, E, NULL), tdk = view4(f.dk, B, Hkv, S, E, NULL),
+                    tdv = view4(f.dv, B, Hkv, S, Ev, NULL), tpk = fix_pool(&f, 0), tpv = fix_pool(&f, 1);
+        sdpa_tensor to1 = view4(o1, B, Hq, L, Ev, NULL), to2 = view4(o2, B, Hq, L, Ev, NULL), tl1, tl2;
+        const int64_t lshape[3] = {B, Hq, L};
+        assert_int_equal(sdpa_tensor_init_dtype(&tl1, l1, SDPA_DTYPE_F32, 3, lshape), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init_dtype(&tl2, l2, SDPA_DTYPE_F32, 3, lshape), SDPA_OK);
+        sdpa_options o;
+        sdpa_options_init(&o);
+        o.kernel = SDPA_KERNEL_DECODE;
+        o.key_lengths = f.len;
+        o.num_threads = 2;
+        expect(sdpa_attention(&tq, &tdk, &tdv, &o, &to1, NULL, &tl1), SDPA_OK, NULL);
+        fix_paged_options(&f, &o);
+        expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to2, NULL, &tl2), SDPA_OK, NULL);
+        bits_equal(o1, o2, no, "decode out paged vs dense");
+        bits_equal(l1, l2, nl, "decode lse paged vs dense");
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < Hq; ++h) {
+                double ro[8], rl;
+                ref_row(&f, q + (b * Hq + h) * E, b, h / (Hq / Hkv), 0, 1, 0, 1.0 / sqrt((double)E), ro, &rl);
+                close_to(rl, l2[b * Hq + h], 1e-5, "lse", b, h);
+                for (int64_t e = 0; e < Ev; ++e)
+                    close_to(ro[e], o2[(b * Hq + h) * Ev + e], 1e-5, "out", b, h);
+            }
+        free(q); free(o1); free(o2); free(l1); free(l2);
+        fix_free(&f);
+    }
+}
+
+/* sdpa_kv_write with E > 256 (the conversion runs in chunks of 256 elements) and element
+ * strides other than 1: rows with stride 2 or -1 on E (and negative strides on T and Hkv),
+ * a cache with stride 2 on E; f32 and f16 caches. Every element lands in its slot; the
+ * cache's stride gaps and unnamed slots keep their canary. */
+static void test_kv_write_wide_strided_rows(void **state) {
+    (void)state;
+    const int64_t T = 3, Hkv = 2, E = 300, NB = 2, BS = 2;
+    const int64_t nrow = T * Hkv * E;
+    float *rbuf = falloc((size_t)(2 * nrow));
+    for (int64_t t = 0; t < 2 * nrow; ++t)
+        rbuf[t] = (float)((t * 37) % 257 - 128) / 8.0f; /* exact in f16 */
+    const int64_t ncache = NB * Hkv * BS * E * 2; /* stride 2 on E */
+    float *cf = falloc((size_t)ncache);
+    uint16_t *ch = malloc((size_t)ncache * sizeof(uint16_t));
+    assert_non_null(ch);
+    const int64_t cst[4] = {Hkv * BS * E * 2, BS * E * 2, E * 2, 2};
+    const int64_t cshape[4] = {NB, Hkv, BS, E}, rshape[3] = {T, Hkv, E};
+    /* rows layouts: stride 2 on E; reversed E (-1); every axis reversed */
+    const int64_t rst[3][3] = {{Hkv * E * 2, E * 2, 2}, {Hkv * E, E, -1}, {-Hkv * E, -E, -1}};
+    const int64_t r0[3] = {0, E - 1, nrow - 1}; /* element [0, 0, 0] of each layout in rbuf */
+    int64_t slots[3] = {3, -1, 0};
+    for (int lay = 0; lay < 3; ++lay)
+        for (int dt = 0; dt < 2; ++dt) {
+            sdpa_tensor tr, tc;
+            assert_int_equal(sdpa_tensor_init_strided(&tr, rbuf + r0[lay], SDPA_DTYPE_F32, 3, rshape, rst[lay]), SDPA_OK);
+            void *cache = dt == 0 ? (void *)cf : (void *)ch;
+            memset(cache, 0x7F, (size_t)ncache * (dt == 0 ? 4 : 2));
+            assert_int_equal(sdpa_tensor_init_strided(&tc, cache, dt == 0 ? SDPA_DTYPE_F32 : SDPA_DTYPE_F16, 4, cshape, cst),
+                             SDPA_OK);
+            expect(sdpa_kv_write(&tc, NULL, &tr, NULL, slots), SDPA_OK, NULL);
+            for (int64_t c = 0; c < ncache; ++c) {
+                const int64_t blk = c / cst[0], h = c % cst[0] / cst[1], sl = c % cst[1] / cst[2], e = c % cst[2] / 2;
+                int64_t from = -1;
+                for (int64_t t = 0; t < T; ++t)
+                    if (slots[t] == blk * BS + sl)
+                        from = t;
+                const unsigned char *cb = (const unsigned char *)cache + c * (dt == 0 ? 4 : 2);
+                if (c % 2 != 0 || from < 0) { /* a stride gap or an unnamed slot: untouched */
+                    if (cb[0] != 0x7F || cb[1] != 0x7F)
+                        fail_msg("layout %d dtype %d: cache element %lld was written", lay, dt, (long long)c);
+                    continue;
+                }
+                const float want = rbuf[r0[lay] + from * rst[lay][0] + h * rst[lay][1] + e * rst[lay][2]];
+                float got;
+                if (dt == 0) {
+                    got = cf[c];
+                } else { /* f16 -> float, exact for these values */
+                    const int ex = ch[c] >> 10 & 31, m = ch[c] & 1023;
+                    got = (float)(ex == 0 ? ldexp(m, -24) : ldexp(1024 + m, ex - 25));
+                    if (ch[c] & 0x8000)
+                        got = -got;
+                }
+                if (got != want)
+                    fail_msg("layout %d dtype %d: row %lld head %lld element %lld is %g, want %g", lay, dt, (long long)from,
+                             (long long)h, (long long)e, (double)got, (double)want);
+            }
+        }
+    free(rbuf); free(cf); free(ch);
+}
+
+/* A value cache whose block size (or block count) differs from the key cache's: slot s names
+ * a different place in each, so the call is SDPA_ERR_SHAPE before anything is written. */
+static void test_kv_write_cache_geometry_mismatch(void **state) {
+    (void)state;
+    const int64_t Hkv = 1, E = 4, T = 2;
+    float kc[4 * 4 * 4] = {0}, vc[8 * 2 * 4] = {0}, kr[2 * 4], vr[2 * 4];
+    fill(kr, 8); fill(vr, 8);
+    sdpa_tensor tkc = view4(kc, 4, Hkv, 4, E, NULL), tk, tv;
+    const int64_t rs[3] = {T, Hkv, E};
+    assert_int_equal(sdpa_tensor_init_dtype(&tk, kr, SDPA_DTYPE_F32, 3, rs), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_dtype(&tv, vr, SDPA_DTYPE_F32, 3, rs), SDPA_OK);
+    int64_t slots[2] = {15, 1}; /* slot 15: block 3, offset 3 of the key cache; block 7, offset 1 of a bs = 2 pool */
+    struct { int64_t nb, bs; } bad[3] = {{8, 2}, {4, 2}, {2, 4}};
+    for (int c = 0; c < 3; ++c) {
+        sdpa_tensor tvc = view4(vc, bad[c].nb, Hkv, bad[c].bs, E, NULL);
+        canary(kc, 64); canary(vc, 64);
+        expect(sdpa_kv_write(&tkc, &tvc, &tk, &tv, slots), SDPA_ERR_SHAPE, "value_cache");
+        assert_true(is_canary(kc, 64) && is_canary(vc, 64));
+    }
+}
+
+/* An output view that overlaps the block table's LAST row (of a three-sequence call), or the
+ * table of a one-sequence call, is SDPA_ERR_OVERLAP: the table is read while out is written.
+ * Here out's first element shares its bytes with the last table entry (a column past every
+ * sequence's last block: any value is valid there). */
+static void test_out_overlaps_block_table(void **state) {
+    (void)state;
+    for (int c = 0; c < 2; ++c) {
+        const int64_t B = c == 0 ? 3 : 1, Hq = 2, Hkv = 1, E = 8, BS = 4, L = 1;
+        const int64_t len[3] = {5, 2, 9};
+        fix f;
+        fix_make(&f, B, Hkv, E, E, BS, len, 0, 0);
+        const int64_t nt = B * f.MB, no = B * Hq * L * E;
+        /* one buffer: the table's entries, then out from the table's last entry on */
+        int32_t *buf = malloc((size_t)(nt - 1 + no) * 4);
+        assert_non_null(buf);
+        memcpy(buf, f.table, (size_t)nt * 4);
+        float q[3 * 2 * 8];
+        fill(q, (size_t)(B * Hq * L * E));
+        float *out = (float *)(void *)(buf + nt - 1);
+        sdpa_tensor tq = view4(q, B, Hq, L, E, NULL), to = view4(out, B, Hq, L, E, NULL);
+        sdpa_tensor tpk = fix_pool(&f, 0), tpv = fix_pool(&f, 1);
+        sdpa_options o;
+        sdpa_options_init(&o);
+        fix_paged_options(&f, &o);
+        o.block_table = buf;
+        canary(out, (size_t)no);
+        expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to, NULL, NULL), SDPA_ERR_OVERLAP, "block_table");
+        assert_true(is_canary(out, (size_t)no));
+        o.block_table = f.table; /* the same call without the overlap runs */
+        expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to, NULL, NULL), SDPA_OK, NULL);
+        free(buf);
+        fix_free(&f);
+    }
+}
+
+/* Packed [num_seqs, Hq] ALiBi slopes are checked in every row, not only the first (the other
+ * rows belong to later sequences). */
+static void test_packed_alibi_rows_checked(void **state) {
+    (void)state;
+    const int64_t Hq = 2, Hkv = 1, E = 8;
+    float q[2 * 6 * 8], k[10 * 8], v[10 * 8], out[2 * 6 * 8];
+    fill(q, 96); fill(k, 80); fill(v, 80);
+    sdpa_tensor tq = view4(q, 1, Hq, 6, E, NULL), tk = view4(k, 1, Hkv, 10, E, NULL), tv = view4(v, 1, Hkv, 10, E, NULL);
+    sdpa_tensor to = view4(out, 1, Hq, 6, E, NULL);
+    int32_t cuq[4] = {0, 2, 5, 6}, cuk[4] = {0, 4, 7, 10};
+    float slopes[3 * 2] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.5f, 0.25f};
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.cu_seqlens_q = cuq;
+    o.cu_seqlens_k = cuk;
+    o.num_seqs = 3;
+    o.alibi_slopes = slopes;
+    o.alibi_slopes_rank = 2;
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK, NULL);
+    const float badv[2] = {NAN, -INFINITY};
+    const int at[3] = {3, 4, 5}; /* rows 1 and 2 */
+    for (int a = 0; a < 3; ++a)
+        for (int t = 0; t < 2; ++t) {
+            const float keep = slopes[at[a]];
+            slopes[at[a]] = badv[t];
+            char needle[32];
+            snprintf(needle, sizeof needle, "alibi_slopes[%d]", at[a]);
+            canary(out, 96);
+            expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_NON_FINITE, needle);
+            assert_true(is_canary(out, 96));
+            slopes[at[a]] = keep;
+        }
+}
+
+/* cu_seqlens whose only decrease is in the last pair (the end still equals the total) are
+ * SDPA_ERR_INDEX, for the queries and for the keys. */
+static void test_cu_seqlens_decrease_in_last_pair(void **state) {
+    (void)state;
+    const int64_t Hq = 2, Hkv = 1, E = 8;
+    float q[2 * 6 * 8], k[10 * 8], v[10 * 8], out[2 * 6 * 8];
+    fill(q, 96); fill(k, 80); fill(v, 80);
+    sdpa_tensor tq = view4(q, 1, Hq, 6, E, NULL), tk = view4(k, 1, Hkv, 10, E, NULL), tv = view4(v, 1, Hkv, 10, E, NULL);
+    sdpa_tensor to = view4(out, 1, Hq, 6, E, NULL);
+    int32_t cuq[4] = {0, 2, 7, 6}, cuk[4] = {0, 4, 7, 10};
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.cu_seqlens_q = cuq;
+    o.cu_seqlens_k = cuk;
+    o.num_seqs = 3;
+    canary(out, 96);
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_INDEX, "cu_seqlens_q[3]=6");
+    assert_true(is_canary(out, 96));
+    cuq[2] = 5;
+    cuk[2] = 11;
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_ERR_INDEX, "cu_seqlens_k[3]=10");
+    assert_true(is_canary(out, 96));
+    cuk[2] = 7;
+    expect(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK, NULL);
+}
+
+/* A paged decode spreads its work items over the call's threads in T far-apart ranges (the
+ * claim -> item map must be a bijection, also when T does not divide the item count): 8 kv
+ * heads x 2 key splits = 16 items over a hook of 3 and 5 threads (or a pool of 3) equal the
+ * one-thread call bit for bit. The hook runs every task in one thread, so the result does not
+ * depend on how many CPUs the machine has. */
+static void test_paged_decode_spread_any_thread_count(void **state) {
+    (void)state;
+    const int64_t B = 1, Hq = 8, Hkv = 8, E = 128, Ev = 128, BS = 32, L = 1;
+    const int64_t len[1] = {4096};
+    fix f;
+    fix_make(&f, B, Hkv, E, Ev, BS, len, 0, 0);
+    float *q = falloc((size_t)(B * Hq * L * E));
+    fill(q, (size_t)(B * Hq * L * E));
+    const size_t no = (size_t)(B * Hq * L * Ev), nl = (size_t)(B * Hq * L);
+    float *o1 = falloc(no), *o2 = falloc(no), *l1 = falloc(nl), *l2 = falloc(nl);
+    sdpa_tensor tq = view4(q, B, Hq, L, E, NULL), tpk = fix_pool(&f, 0), tpv = fix_pool(&f, 1);
+    sdpa_tensor to1 = view4(o1, B, Hq, L, Ev, NULL), to2 = view4(o2, B, Hq, L, Ev, NULL), tl1, tl2;
+    const int64_t lshape[3] = {B, Hq, L};
+    assert_int_equal(sdpa_tensor_init_dtype(&tl1, l1, SDPA_DTYPE_F32, 3, lshape), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init_dtype(&tl2, l2, SDPA_DTYPE_F32, 3, lshape), SDPA_OK);
+    sdpa_options o;
+    sdpa_options_init(&o);
+    o.kernel = SDPA_KERNEL_DECODE;
+    fix_paged_options(&f, &o);
+    o.num_threads = 1;
+    expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to1, NULL, &tl1), SDPA_OK, NULL);
+    sdpa_threadpool *pool = NULL;
+    assert_int_equal(sdpa_threadpool_create(3, &pool), SDPA_OK);
+    const int hook_threads[3] = {3, 5, 0};
+    for (int c = 0; c < 3; ++c) {
+        o.num_threads = 0;
+        o.parallel_for = hook_threads[c] ? serial_hook : NULL;
+        o.parallel_for_threads = hook_threads[c];
+        o.threadpool = hook_threads[c] ? NULL : pool;
+        canary(o2, no); canary(l2, nl);
+        expect(sdpa_attention(&tq, &tpk, &tpv, &o, &to2, NULL, &tl2), SDPA_OK, NULL);
+        bits_equal(o1, o2, no, "paged decode out, threads vs one thread");
+        bits_equal(l1, l2, nl, "paged decode lse, threads vs one thread");
+    }
+    sdpa_threadpool_destroy(pool);
+    free(q); free(o1); free(o2); free(l1); free(l2);
+    fix_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_vs_dense),
@@ -1064,6 +1390,14 @@ int main(void) {
         cmocka_unit_test(test_packed_dropout_is_per_sequence),
         cmocka_unit_test(test_packed_offsets_workspace),
         cmocka_unit_test(test_packed_first_failure),
+        cmocka_unit_test(test_paged_weights_score_stages),
+        cmocka_unit_test(test_decode_last_sequence_longest),
+        cmocka_unit_test(test_kv_write_wide_strided_rows),
+        cmocka_unit_test(test_kv_write_cache_geometry_mismatch),
+        cmocka_unit_test(test_out_overlaps_block_table),
+        cmocka_unit_test(test_packed_alibi_rows_checked),
+        cmocka_unit_test(test_cu_seqlens_decrease_in_last_pair),
+        cmocka_unit_test(test_paged_decode_spread_any_thread_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1099,6 +1099,135 @@ static void pool_and_hook_arguments(void **state) {
     prob_free(&P);
 }
 
+/* ------------------------------------------- audit gaps (issue 27): sinks at the edges */
+
+/* A sink more than ~709 above every score: exp(sink - max score) overflows double, so the
+ * running max must include the sink. The exact answer in float: lse = the sink, out = 0
+ * (every weight exp(s - sink) < 1e-300). Tiled (L = 70) and decode (L = 1, and a split over
+ * 2100 keys), every kernel. */
+static void sinks_far_above_every_score(void **state) {
+    (void)state;
+    const int64_t Ls[3] = {1, 70, 1}, Ss[3] = {300, 90, 2100};
+    for (int c = 0; c < 3; ++c) {
+        prob P;
+        prob_init(&P, 1, 2, 1, Ls[c], Ss[c], 16, 8);
+        P.use_sinks = 1;
+        P.sinks[0] = 800.0f;
+        P.sinks[1] = 1000.0f;
+        const int64_t no = P.Hq * P.L * P.Ev, nl = P.Hq * P.L;
+        for (int kk = 0; kk < 3; ++kk) {
+            float *out = fbuf(no), *lse = fbuf(nl);
+            runcfg rc = {.kernel = KERNELS[kk], .threads = 2};
+            assert_int_equal(run(&P, &rc, out, lse), SDPA_OK);
+            for (int64_t h = 0; h < P.Hq; ++h)
+                for (int64_t i = 0; i < P.L; ++i) {
+                    const float l = lse[h * P.L + i];
+                    if (l != P.sinks[h])
+                        fail_msg("%s, L=%lld S=%lld: lse[h=%lld, i=%lld] = %g, want the sink %g", KNAMES[kk],
+                                 (long long)P.L, (long long)P.S, (long long)h, (long long)i, (double)l, (double)P.sinks[h]);
+                    for (int64_t d = 0; d < P.Ev; ++d)
+                        if (out[(h * P.L + i) * P.Ev + d] != 0.0f)
+                            fail_msg("%s: out[h=%lld, i=%lld, %lld] = %g, want 0", KNAMES[kk], (long long)h, (long long)i,
+                                     (long long)d, (double)out[(h * P.L + i) * P.Ev + d]);
+                }
+            free(out);
+            free(lse);
+        }
+        prob_free(&P);
+    }
+}
+
+/* A row emptied by an allow-mask or by an additive -inf bias (not by causal / lengths, which
+ * the kernels see as structure) with a sink, under ZERO: out 0 and lse = the sink (DESIGN 4.5),
+ * on every kernel (tiled: L = 70 rows, so the row is one lane of a tile with live lanes). The
+ * other rows equal the reference (bias 0 there). */
+static void sinks_row_emptied_by_mask_or_bias(void **state) {
+    (void)state;
+    const int64_t Ls[2] = {70, 1};
+    for (int c = 0; c < 2; ++c) {
+        prob P;
+        prob_init(&P, 1, 2, 1, Ls[c], 40, 8, 8);
+        P.use_sinks = 1;
+        P.empty_zero = 1;
+        const int64_t L = P.L, S = P.S, no = P.Hq * L * P.Ev, nl = P.Hq * L, er = L > 3 ? 3 : 0; /* the emptied row */
+        float *bias = fbuf(P.Hq * L * S);
+        uint8_t *mask = malloc((size_t)(L * S));
+        assert_non_null(mask);
+        for (int64_t t = 0; t < P.Hq * L * S; ++t)
+            bias[t] = 0.0f;
+        for (int64_t t = 0; t < L * S; ++t)
+            mask[t] = 1;
+        for (int64_t h = 0; h < P.Hq; ++h)
+            for (int64_t j = 0; j < S; ++j)
+                bias[(h * L + er) * S + j] = -INFINITY;
+        for (int64_t j = 0; j < S; ++j)
+            mask[er * S + j] = 0;
+        sdpa_tensor tb;
+        const int64_t bs[4] = {1, P.Hq, L, S};
+        assert_int_equal(sdpa_tensor_init(&tb, bias, 4, bs), SDPA_OK);
+        double *ro = malloc((size_t)no * sizeof(double)), *rl = malloc((size_t)nl * sizeof(double));
+        reference(&P, ro, rl);
+        for (int how = 0; how < 2; ++how) /* 0: bias, 1: allow-mask */
+            for (int kk = 0; kk < 3; ++kk) {
+                float *out = fbuf(no), *lse = fbuf(nl);
+                sdpa_status st;
+                if (how == 0) {
+                    runcfg rc = {.kernel = KERNELS[kk], .threads = 1, .bias = &tb};
+                    st = run(&P, &rc, out, lse);
+                } else { /* the same call as run() with an allow-mask [L, S] */
+                    sdpa_tensor tq, tk, tv, to, tl;
+                    const int64_t qs[4] = {1, P.Hq, L, P.E}, ks[4] = {1, P.Hkv, S, P.E}, vs[4] = {1, P.Hkv, S, P.Ev},
+                                  os[4] = {1, P.Hq, L, P.Ev}, ls[3] = {1, P.Hq, L}, ms[2] = {L, S};
+                    assert_int_equal(sdpa_tensor_init(&tq, P.q, 4, qs), SDPA_OK);
+                    assert_int_equal(sdpa_tensor_init(&tk, P.k, 4, ks), SDPA_OK);
+                    assert_int_equal(sdpa_tensor_init(&tv, P.v, 4, vs), SDPA_OK);
+                    assert_int_equal(sdpa_tensor_init(&to, out, 4, os), SDPA_OK);
+                    assert_int_equal(sdpa_tensor_init(&tl, lse, 3, ls), SDPA_OK);
+                    sdpa_allow_mask am;
+                    assert_int_equal(sdpa_allow_mask_init(&am, mask, 2, ms), SDPA_OK);
+                    sdpa_options o;
+                    sdpa_options_init(&o);
+                    o.kernel = KERNELS[kk];
+                    o.num_threads = 1;
+                    o.empty_rows = SDPA_EMPTY_ROWS_ZERO;
+                    o.sinks = P.sinks;
+                    o.allow_mask = &am;
+                    st = sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, &tl);
+                }
+                if (st != SDPA_OK)
+                    fail_msg("%s %s: %s (%s)", how ? "mask" : "bias", KNAMES[kk], sdpa_status_string(st),
+                             sdpa_last_error_message());
+                for (int64_t h = 0; h < P.Hq; ++h)
+                    for (int64_t i = 0; i < L; ++i) {
+                        const int64_t r = h * L + i;
+                        if (i == er) {
+                            if (lse[r] != P.sinks[h])
+                                fail_msg("%s %s (%s): emptied row h=%lld i=%lld: lse = %g, want the sink %g",
+                                         how ? "mask" : "bias", KNAMES[kk], sdpa_last_kernel(), (long long)h, (long long)i,
+                                         (double)lse[r], (double)P.sinks[h]);
+                            for (int64_t d = 0; d < P.Ev; ++d)
+                                assert_true(out[r * P.Ev + d] == 0.0f);
+                            continue;
+                        }
+                        if (!(fabs((double)lse[r] - rl[r]) <= 3e-5))
+                            fail_msg("%s %s: lse[%lld] = %g, reference %g", how ? "mask" : "bias", KNAMES[kk], (long long)r,
+                                     (double)lse[r], rl[r]);
+                        for (int64_t d = 0; d < P.Ev; ++d)
+                            if (!(fabs((double)out[r * P.Ev + d] - ro[r * P.Ev + d]) <= 3e-5))
+                                fail_msg("%s %s: out[%lld, %lld] = %g, reference %g", how ? "mask" : "bias", KNAMES[kk],
+                                         (long long)r, (long long)d, (double)out[r * P.Ev + d], ro[r * P.Ev + d]);
+                    }
+                free(out);
+                free(lse);
+            }
+        free(ro);
+        free(rl);
+        free(bias);
+        free(mask);
+        prob_free(&P);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sinks_match_reference_every_kernel),
@@ -1118,6 +1247,8 @@ int main(void) {
         cmocka_unit_test(pool_after_fork),
         cmocka_unit_test(pool_and_hook_arguments),
         cmocka_unit_test(broken_hooks_are_reported),
+        cmocka_unit_test(sinks_far_above_every_score),
+        cmocka_unit_test(sinks_row_emptied_by_mask_or_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

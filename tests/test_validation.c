@@ -1133,6 +1133,17 @@ static void validation_negative_strides_count_in_the_extent(void **state)
         assert_int_equal(sdpa_attention_workspace_size(&q, &f->tk, &f->tv, &f->opt, 0, &bytes), SDPA_ERR_SIZE_OVERFLOW);
         free(f);
     }
+    /* The case only the extent rule catches: a negative stride small enough that the view stays
+     * above address 0 (data on the stack, far above 4 GiB), and a positive one that, with the
+     * negative one's magnitude, spans 2^60 + 1 floats, 4 bytes past the largest span accepted
+     * (PTRDIFF_MAX / 2). Added with its sign, the negative stride would shrink the span below
+     * the limit. */
+    float data[4] = {0};
+    const int64_t shape[2] = {2, 2}, strides[2] = {(one << 60) - (one << 30), -(one << 30)};
+    sdpa_tensor t;
+    assert_int_equal(sdpa_tensor_init_strided(&t, data, SDPA_DTYPE_F32, 2, shape, strides), SDPA_ERR_SIZE_OVERFLOW);
+    const int64_t fits[2] = {(one << 60) - (one << 31), -(one << 30)}; /* 2^60 - 2^30 + 1 floats: accepted */
+    assert_int_equal(sdpa_tensor_init_strided(&t, data, SDPA_DTYPE_F32, 2, shape, fits), SDPA_OK);
 }
 
 /* sdpa_attention_workspace_size runs sdpa_attention's validation, and its messages name it. */

@@ -3,6 +3,7 @@
     import numpy as np, sdpa
     out = sdpa.scaled_dot_product_attention(q, k, v, causal=True)      # q [B, H, L, E] float32
     out, lse = sdpa.scaled_dot_product_attention(q, k, v, need_lse=True)
+    c = sdpa.cost(q, k, v, causal=True)   # validated, nothing run: c.allowed_pairs, c.flops, c.kernel
     layer = sdpa.MultiheadAttention.from_state_dict(state_dict, num_heads=8)
     y, w = layer(x, x, x)
     out = sdpa.scaled_dot_product_attention(q, k_pool, v_pool, block_table=table,
@@ -20,8 +21,8 @@ from ._errors import (STATUS_NAMES, SdpaArgumentError, SdpaDtypeError, SdpaError
                       SdpaInternalError, SdpaLibraryError, SdpaResourceError, SdpaShapeError,
                       SdpaValueError, SdpaVersionError)
 from ._lib import EXPECTED_VERSION, load_library
-from .attention import (ALIGNMENTS, EMPTY_ROWS, KERNELS, PRECISIONS, WEIGHTS_STAGES, last_kernel,
-                        merge, scaled_dot_product_attention)
+from .attention import (ALIGNMENTS, EMPTY_ROWS, KERNELS, PRECISIONS, WEIGHTS_STAGES, Cost, cost,
+                        last_kernel, merge, scaled_dot_product_attention)
 from .masks import (allow_and, allow_from_additive, allow_from_ignore, allow_from_keep_int,
                     allow_to_additive, block_diagonal_allow_mask, causal_allow_mask,
                     count_empty_rows, padding_allow_mask, prefix_lm_allow_mask,
@@ -32,7 +33,7 @@ from .serving import ThreadPool, alibi_slopes, amx_available, kv_write, request_
 __version__ = "0.5.0"
 
 __all__ = [
-    "scaled_dot_product_attention", "merge", "MultiheadAttention", "last_kernel",
+    "scaled_dot_product_attention", "cost", "Cost", "merge", "MultiheadAttention", "last_kernel",
     "causal_allow_mask", "padding_allow_mask", "sliding_window_allow_mask",
     "block_diagonal_allow_mask", "prefix_lm_allow_mask", "allow_and", "allow_from_ignore",
     "allow_from_keep_int", "allow_from_additive", "allow_to_additive", "count_empty_rows",

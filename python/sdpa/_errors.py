@@ -28,6 +28,7 @@ STATUS_NAMES = {
     25: "SDPA_ERR_SIZE_OVERFLOW",
     26: "SDPA_ERR_EMPTY_DIMENSION",
     27: "SDPA_ERR_INDEX",
+    28: "SDPA_ERR_ALIGNMENT",
     30: "SDPA_ERR_DTYPE",
     40: "SDPA_ERR_EMPTY_ROW",
     41: "SDPA_ERR_NON_FINITE",
@@ -60,7 +61,8 @@ class SdpaArgumentError(SdpaError, ValueError):
 
 
 class SdpaShapeError(SdpaError, ValueError):
-    """Status 20-29: rank, shape, broadcast, stride, overlap, size overflow, empty dimension."""
+    """Status 20-29: rank, shape, broadcast, stride, overlap, size overflow, empty dimension,
+    index, alignment (0.6: data not aligned to its element size)."""
 
 
 class SdpaDtypeError(SdpaError, TypeError):

@@ -161,6 +161,46 @@ class SdpaMhaOptions(ctypes.Structure):
     ]
 
 
+class SdpaCostOptions(ctypes.Structure):
+    """sdpa_cost_options (0.6): flags SDPA_COST_EXACT | _WEIGHTS | _LSE."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("flags", ctypes.c_uint32),
+        ("reserved0", ctypes.c_int32),
+    ]
+
+
+SDPA_COST_EXACT = 0x1
+SDPA_COST_WEIGHTS = 0x2
+SDPA_COST_LSE = 0x4
+
+
+class SdpaCost(ctypes.Structure):
+    """sdpa_cost (0.6): what an sdpa_attention call would do (sdpa_attention_cost)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("status", ctypes.c_int32),
+        ("exact", ctypes.c_int32),
+        ("kernel", ctypes.c_char * 64),
+        ("kernel_id", ctypes.c_int32),
+        ("threads", ctypes.c_int32),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("query_rows", ctypes.c_int64),
+        ("allowed_pairs", ctypes.c_int64),
+        ("skipped_pairs", ctypes.c_int64),
+        ("empty_rows", ctypes.c_int64),
+        ("flops", ctypes.c_int64),
+        ("bytes_read_q", ctypes.c_int64),
+        ("bytes_read_k", ctypes.c_int64),
+        ("bytes_read_v", ctypes.c_int64),
+        ("bytes_read_mask", ctypes.c_int64),
+        ("bytes_read_bias", ctypes.c_int64),
+        ("bytes_written_out", ctypes.c_int64),
+        ("bytes_written_weights", ctypes.c_int64),
+        ("bytes_written_lse", ctypes.c_int64),
+    ]
+
+
 # Sizes of the C structs on LP64 (Linux/macOS 64-bit). A mirror that drifts from the header
 # fails here, at import, instead of corrupting memory later.
 STRUCT_SIZES_LP64 = {
@@ -169,6 +209,8 @@ STRUCT_SIZES_LP64 = {
     SdpaOptions: 248,
     SdpaMhaParams: 136,
     SdpaMhaOptions: 104,
+    SdpaCostOptions: 16,
+    SdpaCost: 200,
 }
 if ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(ctypes.c_long) == 8:
     for _struct, _size in STRUCT_SIZES_LP64.items():
@@ -179,6 +221,7 @@ if ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(ctypes.c_long) == 8:
     assert SdpaOptions.block_table.offset == 200 and SdpaOptions.num_seqs.offset == 240
     assert SdpaMhaParams.add_zero_attn.offset == 128
     assert SdpaMhaOptions.dropout_p.offset == 60 and SdpaMhaOptions.empty_rows.offset == 80
+    assert SdpaCost.kernel.offset == 16 and SdpaCost.workspace_bytes.offset == 88
     del _struct, _size
 
 
@@ -231,6 +274,9 @@ SIGNATURES = {
     "sdpa_threadpool_create": (c_status, [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]),
     "sdpa_threadpool_destroy": (None, [_vp]),
     "sdpa_threadpool_size": (ctypes.c_int, [_vp]),
+    # 0.6
+    "sdpa_attention_cost": (c_status, [_T, _T, _T, _O, _T, _T, _T, ctypes.POINTER(SdpaCostOptions),
+                                       ctypes.POINTER(SdpaCost)]),
 }
 # Functions without which nothing works: loading fails if one is missing. The others are looked
 # up when first called and raise SdpaLibraryError naming the missing symbol.
@@ -289,15 +335,23 @@ class Library:
                 f"or older than this package)")
         raise AttributeError(name)
 
-    def check(self, status):
+    def check(self, status, called=None):
         """Raise the SdpaError of a non-zero status, with the detail message of this thread's
         last failure (read right away, before any other libsdpa call); C enum names in its
-        hints are given as the Python keywords (_errors.python_hints)."""
+        hints are given as the Python keywords (_errors.python_hints). called = (function the
+        message names, function to name instead): a check made through another entry point
+        (sdpa_attention_cost before sdpa_attention) reports the call the user made."""
         if status != 0:
-            message = self.cdll.sdpa_last_error_message()
+            message = (self.cdll.sdpa_last_error_message() or b"").decode("utf-8", "replace")
+            if called is not None and message.startswith(called[0] + ":"):
+                message = called[1] + message[len(called[0]):]
             name = self.cdll.sdpa_status_string(status)
-            raise make_error(status, python_hints((message or b"").decode("utf-8", "replace")),
+            raise make_error(status, python_hints(message),
                              (name or b"SDPA_ERR_UNKNOWN").decode("ascii", "replace"))
+
+    def has(self, name):
+        """Whether the loaded library exports `name` (a function of SIGNATURES)."""
+        return name in SIGNATURES and name not in self._missing
 
     def status_string(self, status):
         return self.cdll.sdpa_status_string(int(status)).decode("ascii", "replace")

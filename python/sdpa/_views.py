@@ -93,7 +93,7 @@ def tensor_view(array, name, writable=False, origin=None, float32_only=None):
 
 def _fill(view, array, name, itemsize):
     if array.size and address(array) % itemsize:
-        raise py_error("SDPA_ERR_STRIDE",
+        raise py_error("SDPA_ERR_ALIGNMENT",
                        f"{name}: data address {address(array):#x} is not {itemsize}-byte aligned")
     for d, (size, stride) in enumerate(zip(array.shape, array.strides)):
         if stride % itemsize:

@@ -1,5 +1,8 @@
 """scaled_dot_product_attention and merge over numpy arrays."""
+import contextlib
 import ctypes
+import dataclasses
+import inspect
 
 import numpy as np
 
@@ -11,7 +14,7 @@ from ._views import (F32, attach_vector, attach_view, choice, float32_vector, in
                      int32_table, int64, is_additive, mask_view, real, sdpa_dtype, table_address,
                      tensor_view, uint64)
 
-__all__ = ["scaled_dot_product_attention", "merge", "last_kernel", "ALIGNMENTS", "EMPTY_ROWS",
+__all__ = ["scaled_dot_product_attention", "cost", "Cost", "merge", "last_kernel", "ALIGNMENTS", "EMPTY_ROWS",
            "WEIGHTS_STAGES", "KERNELS", "PRECISIONS"]
 
 #: sdpa_alignment by name.
@@ -188,6 +191,116 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     SdpaDtypeError, SdpaArgumentError (options), SdpaValueError (empty rows, NaN/Inf),
     SdpaResourceError. On error nothing is written to `out`.
     """
+    return _call(dict(locals()), None)
+
+
+_PARAMS = None  # the signature of scaled_dot_product_attention (cost() binds to it)
+
+
+def cost(query, key, value, *args, exact=False, **kwargs):
+    """What ``scaled_dot_product_attention`` would do with these arguments, without running it
+    (libsdpa's sdpa_attention_cost, 0.6): the same positional and keyword arguments (``out=``,
+    ``need_weights``, ``need_lse`` included; nothing is allocated or written), plus
+    ``exact=True`` to scan the allow-mask and bias values (an O(B*Hq*L*S) read) so that pairs,
+    empty rows and the bytes they decide are exact.
+
+    It validates everything the call validates without reading q/k/v values, and raises the
+    same SdpaError the call would for it (SdpaShapeError for mismatched shapes, SdpaArgumentError
+    for a kernel that cannot serve the call, SdpaValueError for empty rows under
+    empty_rows="error" where they are known: always without a mask or bias, and with exact=True;
+    pass empty_rows="zero" to count them instead). NaN/Inf in the values are not looked at.
+
+    Returns a Cost: kernel (the name sdpa.last_kernel() would report, e.g. "tiled-avx512"),
+    threads, workspace_bytes, exact (False when a mask or bias was not scanned: pairs and bytes
+    are then upper bounds, empty_rows a lower bound), query_rows, allowed_pairs (the attended
+    (query row, key) pairs), skipped_pairs (the other pairs of the [B, Hq, L, S] score matrix),
+    empty_rows, flops (2 per multiply-add: 2 * (E + Ev) per allowed pair), bytes_read_q / _k / _v
+    / _mask / _bias and bytes_written_out / _weights / _lse (their definitions: sdpa_cost in
+    include/sdpa.h)."""
+    global _PARAMS
+    if _PARAMS is None:
+        _PARAMS = inspect.signature(scaled_dot_product_attention)
+    bound = _PARAMS.bind(query, key, value, *args, **kwargs)
+    bound.apply_defaults()
+    return _call(dict(bound.arguments), bool(exact))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """The answer of sdpa.cost() (sdpa_cost of include/sdpa.h; counts in pairs, FLOPs, bytes)."""
+    kernel: str
+    kernel_choice: str
+    threads: int
+    workspace_bytes: int
+    exact: bool
+    query_rows: int
+    allowed_pairs: int
+    skipped_pairs: int
+    empty_rows: int
+    flops: int
+    bytes_read_q: int
+    bytes_read_k: int
+    bytes_read_v: int
+    bytes_read_mask: int
+    bytes_read_bias: int
+    bytes_written_out: int
+    bytes_written_weights: int
+    bytes_written_lse: int
+
+    @property
+    def bytes_read(self):
+        """All bytes read: q, k, v, mask and bias."""
+        return (self.bytes_read_q + self.bytes_read_k + self.bytes_read_v + self.bytes_read_mask
+                + self.bytes_read_bias)
+
+    @property
+    def bytes_written(self):
+        """All bytes written: out, weights and lse."""
+        return self.bytes_written_out + self.bytes_written_weights + self.bytes_written_lse
+
+    @classmethod
+    def _from_struct(cls, c):
+        names = {v: k for k, v in KERNELS.items()}
+        ints = {f.name: int(getattr(c, f.name)) for f in dataclasses.fields(cls)
+                if f.name not in ("kernel", "kernel_choice", "exact")}
+        return cls(kernel=c.kernel.decode("ascii", "replace"),
+                   kernel_choice=names.get(int(c.kernel_id), "none"),
+                   exact=bool(c.exact), **ints)
+
+
+def _check_before_allocating(lib, tq, tk, tv, opt, tout, need_weights, need_lse, exact):
+    """sdpa_attention_cost of the call (out may be None: "a valid out will be given"); raises
+    the library's error. Returns the SdpaCost, or None when the library predates 0.6."""
+    if not lib.has("sdpa_attention_cost"):
+        if exact is not None:
+            lib.sdpa_attention_cost  # raises SdpaLibraryError naming the missing function
+        return None
+    co = _lib.SdpaCostOptions()
+    co.struct_size = ctypes.sizeof(co)
+    co.flags = ((_lib.SDPA_COST_WEIGHTS if need_weights else 0) | (_lib.SDPA_COST_LSE if need_lse else 0)
+                | (_lib.SDPA_COST_EXACT if exact else 0))
+    c = _lib.SdpaCost()
+    c.struct_size = ctypes.sizeof(c)
+    status = lib.sdpa_attention_cost(tq, tk, tv, opt, tout, None, None, co, c)
+    if exact is None and status == 40:  # SDPA_ERR_EMPTY_ROW: not a size problem; the call
+        return c                        # itself reports it (after any earlier NaN row)
+    called = None if exact is not None else ("sdpa_attention_cost", "sdpa_attention")
+    lib.check(status, called)
+    return c
+
+
+def _call(a, exact):
+    """scaled_dot_product_attention (exact is None) or cost (exact a bool) of the arguments `a`."""
+    query, key, value = a["query"], a["key"], a["value"]
+    attn_mask, bias, causal, scale = a["attn_mask"], a["bias"], a["causal"], a["scale"]
+    dropout_p, seed, key_lengths, query_lengths = a["dropout_p"], a["seed"], a["key_lengths"], a["query_lengths"]
+    window, softcap, empty_rows = a["window"], a["softcap"], a["empty_rows"]
+    need_weights, need_lse, is_causal, alignment = a["need_weights"], a["need_lse"], a["is_causal"], a["alignment"]
+    query_offsets, dropout_offset, weights_stage = a["query_offsets"], a["dropout_offset"], a["weights_stage"]
+    check_finite, kernel, num_threads, out = a["check_finite"], a["kernel"], a["num_threads"], a["out"]
+    precision, sinks, alibi_slopes, block_table = a["precision"], a["sinks"], a["alibi_slopes"], a["block_table"]
+    cu_seqlens_q, cu_seqlens_k, threadpool = a["cu_seqlens_q"], a["cu_seqlens_k"], a["threadpool"]
+    del a
     lib = _lib.get()
     # Results come back as the caller's type: `out` itself when given, else torch tensors for
     # torch inputs and numpy arrays otherwise. Every array below is a numpy view of the
@@ -208,28 +321,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
     qnd = query.ndim
 
     out_shape = query.shape[:-1] + value.shape[-1:]
-    if out is None:
-        # out takes the query's dtype (as torch does); weights and lse are float32.
-        out_dtype = query.dtype if sdpa_dtype(query.dtype) is not None else F32
-        out, out_given = new_array(out_shape, out_dtype, like)
-    else:
+    tout = None
+    if out is not None:
         like = None
         out = as_numpy(out, "out", writable=True)
         if out.shape != out_shape:
             raise py_error("SDPA_ERR_SHAPE", f"out has shape {out.shape}, expected {out_shape}")
-    tout = tensor_view(out, "out", writable=True)
-    result_like = like or kind_of(out_given)
+        tout = tensor_view(out, "out", writable=True)
     weights = lse = tw = tl = None
     table = cu_q = cu_k = None
     if block_table is not None:
         table, table_stride = int32_table(block_table, "block_table", 2)
-    if need_weights:
-        s_len = key.shape[-2] if table is None else table.shape[1] * key.shape[-2]
-        weights = np.empty(query.shape[:-1] + (s_len,), dtype=np.float32)
-        tw = tensor_view(weights, "weights", writable=True)
-    if need_lse:
-        lse = np.empty(query.shape[:-1], dtype=np.float32)
-        tl = tensor_view(lse, "lse", writable=True)
 
     opt = _lib.SdpaOptions()
     lib.sdpa_options_init_sized(opt, ctypes.sizeof(opt))
@@ -336,10 +438,32 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
         if not isinstance(threadpool, ThreadPool):
             raise py_error("SDPA_ERR_INVALID_ARGUMENT",
                            f"threadpool must be a sdpa.ThreadPool, got {type(threadpool).__name__}")
-        with threadpool.in_use() as handle:  # SdpaArgumentError once closed; close() waits
-            opt.threadpool = handle
-            status = lib.sdpa_attention(tq, tk, tv, opt, tout, tw, tl)
+        pool = threadpool.in_use()  # SdpaArgumentError once closed; close() waits
     else:
+        pool = contextlib.nullcontext(None)
+    with pool as handle:
+        if handle is not None:
+            opt.threadpool = handle
+        # Nothing is allocated before the library has validated the call: a mismatched call
+        # raises the library's error (SdpaShapeError, ...), never numpy's MemoryError for an
+        # out it would not have written (sdpa_attention_cost with out = NULL).
+        if exact is not None or tout is None or need_weights or need_lse:
+            c = _check_before_allocating(lib, tq, tk, tv, opt, tout, need_weights, need_lse, exact)
+            if exact is not None:
+                return Cost._from_struct(c)
+        if out is None:
+            # out takes the query's dtype (as torch does); weights and lse are float32.
+            out_dtype = query.dtype if sdpa_dtype(query.dtype) is not None else F32
+            out, out_given = new_array(out_shape, out_dtype, like)
+            tout = tensor_view(out, "out", writable=True)
+        result_like = like or kind_of(out_given)
+        if need_weights:
+            s_len = key.shape[-2] if table is None else table.shape[1] * key.shape[-2]
+            weights = np.empty(query.shape[:-1] + (s_len,), dtype=np.float32)
+            tw = tensor_view(weights, "weights", writable=True)
+        if need_lse:
+            lse = np.empty(query.shape[:-1], dtype=np.float32)
+            tl = tensor_view(lse, "lse", writable=True)
         status = lib.sdpa_attention(tq, tk, tv, opt, tout, tw, tl)
     lib.check(status)
     # The arrays the views point into were alive until here (locals of this frame).

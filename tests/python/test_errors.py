@@ -73,7 +73,7 @@ class ErrorFamilyTest(unittest.TestCase):
         strided = np.lib.stride_tricks.as_strided(buf, shape=(1, 2, 3, 4), strides=(96, 48, 18, 4))
         self.assertFails(sdpa.SdpaShapeError, "SDPA_ERR_STRIDE", "strides[2]=18", q=strided)
         misaligned = np.frombuffer(np.zeros(4 * 24 + 1, np.uint8).data, np.uint8)[1:].view(np.float32)
-        self.assertFails(sdpa.SdpaShapeError, "SDPA_ERR_STRIDE", "aligned",
+        self.assertFails(sdpa.SdpaShapeError, "SDPA_ERR_ALIGNMENT", "aligned",
                          q=misaligned.reshape(1, 2, 3, 4))
 
     def test_dtype_family(self):

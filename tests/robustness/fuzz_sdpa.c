@@ -1028,13 +1028,41 @@ static int32_t sv_dtype(rd *r)
     return c == 3 ? SDPA_DTYPE_F32 : (int32_t)c;
 }
 
+/* Rows [T, Hkv, E] over `src` (contiguous order) with the axes in `neg` reversed (negative
+ * strides, data at the element the view calls [0, 0, 0]); st and *base map a logical index to
+ * its element of src: *base + t st[0] + h st[1] + e st[2]. */
+static sdpa_tensor sv_rows(const void *src, int32_t dt, const int64_t rs[3], unsigned neg, int64_t st[3], int64_t *base)
+{
+    st[2] = 1, st[1] = rs[2], st[0] = rs[1] * rs[2];
+    *base = 0;
+    for (int d = 0; d < 3; ++d)
+        if (neg >> d & 1) {
+            *base += (rs[d] > 0 ? rs[d] - 1 : 0) * st[d];
+            st[d] = -st[d];
+        }
+    const size_t es = dt == SDPA_DTYPE_F32 ? 4 : 2;
+    sdpa_tensor t;
+    const int64_t numel = rs[0] * rs[1] * rs[2];
+    const void *data = numel > 0 ? (const void *)((const unsigned char *)src + (size_t)*base * es) : src;
+    FUZZ_ASSERT(sdpa_tensor_init_strided(&t, data, (sdpa_dtype)dt, 3, rs, st) == SDPA_OK, "init rows");
+    return t;
+}
+
+/* sdpa_kv_write into one or two caches (key, and value at sv_out + SV_N * 2 bytes), rows in
+ * any dtype with any axis reversed (negative strides, issue 27), E up to 300 (the conversion's
+ * chunks of 256); every slot checked against the rows, every other byte untouched. */
 static void fuzz_kv_write(rd *r)
 {
-    const int64_t NB = 1 + u8(r) % 4, Hkv = 1 + u8(r) % 2, bs = 1 + u8(r) % 4, E = 1 + u8(r) % 6, T = u8(r) % 6;
+    const uint8_t ce = u8(r);
+    const int wide = ce >= 240;
+    const int64_t NB = wide ? 1 : 1 + u8(r) % 4, Hkv = 1 + u8(r) % 2, bs = wide ? 1 + u8(r) % 2 : 1 + u8(r) % 4,
+                  E = wide ? 257 + ce % 44 : 1 + ce % 6, T = u8(r) % 6;
     const int32_t dc = sv_dtype(r), dr = sv_dtype(r);
-    const size_t ec = dc == SDPA_DTYPE_F32 ? 4 : 2;
+    const int with_v = u8(r) % 2;
+    const unsigned negk = u8(r) % 8, negv = u8(r) % 8;
+    const size_t ec = dc == SDPA_DTYPE_F32 ? 4 : 2, vat = SV_N * 2; /* the value cache's byte offset */
     const int64_t cs[4] = {NB, Hkv, bs, E}, rs[3] = {T, Hkv, E};
-    const void *rows = sv_fill(r, 0, dr, T * Hkv * E);
+    const void *krows = sv_fill(r, 0, dr, T * Hkv * E), *vrows = sv_fill(r, 1, dr, T * Hkv * E);
     int64_t slots[8];
     int bad = 0;
     for (int64_t t = 0; t < T; ++t) {
@@ -1043,11 +1071,13 @@ static void fuzz_kv_write(rd *r)
         bad |= slots[t] >= NB * bs;
     }
     memset(sv_out, 0xA5, sizeof sv_out);
-    sdpa_tensor kc, kr;
+    sdpa_tensor kc, vc;
+    int64_t kst[3], vst[3], kbase, vbase;
     FUZZ_ASSERT(sdpa_tensor_init_dtype(&kc, sv_out, (sdpa_dtype)dc, 4, cs) == SDPA_OK, "init");
-    FUZZ_ASSERT(sdpa_tensor_init_dtype(&kr, rows, (sdpa_dtype)dr, 3, rs) == SDPA_OK, "init");
+    FUZZ_ASSERT(sdpa_tensor_init_dtype(&vc, sv_out + vat, (sdpa_dtype)dc, 4, cs) == SDPA_OK, "init");
+    const sdpa_tensor kr = sv_rows(krows, dr, rs, negk, kst, &kbase), vr = sv_rows(vrows, dr, rs, negv, vst, &vbase);
     memcpy(sv_out_copy, sv_out, sizeof sv_out);
-    const sdpa_status st = sdpa_kv_write(&kc, NULL, &kr, NULL, slots);
+    const sdpa_status st = sdpa_kv_write(&kc, with_v ? &vc : NULL, &kr, with_v ? &vr : NULL, slots);
     FUZZ_ASSERT(known(st) && st != SDPA_ERR_INTERNAL, "kv_write status %d", (int)st);
     if (bad || st != SDPA_OK) {
         FUZZ_ASSERT(bad && st == SDPA_ERR_INDEX, "kv_write: bad slot %d but %s (%s)", bad, sdpa_status_string(st),
@@ -1055,27 +1085,32 @@ static void fuzz_kv_write(rd *r)
         FUZZ_ASSERT(memcmp(sv_out, sv_out_copy, sizeof sv_out) == 0, "kv_write failed but wrote the cache");
         return;
     }
-    /* expected cache: the later row wins */
-    for (int64_t b = 0; b < NB; ++b)
-        for (int64_t h = 0; h < Hkv; ++h)
-            for (int64_t s = 0; s < bs; ++s) {
-                int64_t from = -1;
-                for (int64_t t = 0; t < T; ++t)
-                    if (slots[t] == b * bs + s)
-                        from = t;
-                for (int64_t e = 0; e < E; ++e) {
-                    const size_t at = (size_t)(((b * Hkv + h) * bs + s) * E + e) * ec;
-                    if (from < 0) {
-                        FUZZ_ASSERT(memcmp(sv_out + at, sv_out_copy + at, ec) == 0, "kv_write wrote an unnamed slot");
-                    } else {
-                        const double want = sv_d[0][(from * Hkv + h) * E + e];
-                        FUZZ_ASSERT(sv_widen(dc, sv_out + at) == want, "kv_write slot value %g != %g",
-                                    sv_widen(dc, sv_out + at), want);
+    /* expected caches: the later row wins */
+    const size_t cbytes = (size_t)(NB * Hkv * bs * E) * ec;
+    for (int which = 0; which < 2; ++which) {
+        const size_t at0 = which ? vat : 0;
+        const int64_t *rst = which ? vst : kst, rbase = which ? vbase : kbase;
+        for (int64_t b = 0; b < NB; ++b)
+            for (int64_t h = 0; h < Hkv; ++h)
+                for (int64_t s = 0; s < bs; ++s) {
+                    int64_t from = -1;
+                    for (int64_t t = 0; t < T; ++t)
+                        if (slots[t] == b * bs + s)
+                            from = t;
+                    for (int64_t e = 0; e < E; ++e) {
+                        const size_t at = at0 + (size_t)(((b * Hkv + h) * bs + s) * E + e) * ec;
+                        if (from < 0 || (which && !with_v)) {
+                            FUZZ_ASSERT(memcmp(sv_out + at, sv_out_copy + at, ec) == 0, "kv_write wrote an unnamed slot");
+                        } else {
+                            const double want = sv_d[which][rbase + from * rst[0] + h * rst[1] + e * rst[2]];
+                            FUZZ_ASSERT(sv_widen(dc, sv_out + at) == want, "kv_write slot value %g != %g",
+                                        sv_widen(dc, sv_out + at), want);
+                        }
                     }
                 }
-            }
-    for (size_t b = (size_t)(NB * Hkv * bs * E) * ec; b < sizeof sv_out; ++b)
-        FUZZ_ASSERT(sv_out[b] == 0xA5, "kv_write wrote past the cache");
+        for (size_t b = at0 + cbytes; b < (which ? sizeof sv_out : vat); ++b)
+            FUZZ_ASSERT(sv_out[b] == 0xA5, "kv_write wrote past the cache");
+    }
 }
 
 static void fuzz_serving(rd *r)

@@ -508,3 +508,120 @@ void serving_case(rb_rng *r, int64_t n)
     for (int t = 0; t < 16; ++t)
         rb_guard_free(&gs[t]);
 }
+
+/* ------------------------------------------------------------ sdpa_kv_write (issue 27)
+ * Key and value rows [T, Hkv, E(v)] of any dtype with random strides (reversed axes, stride 0,
+ * BSHD order, padding), caches [NB, Hkv, bs, E(v)] of any dtype (permuted, padded), E past the
+ * conversion's 256-element chunk now and then, slot_mapping and both view structs against guard
+ * pages. Every named slot must hold its row (the later row wins; values exact in every dtype),
+ * every other logical slot its old value, every stride gap of a cache its canary; the rerun
+ * with NaN / +Inf / the largest finite value in the rows' gaps gives the same cache bytes. */
+int64_t g_kvw_calls;
+
+static void kvw_mark_logical(rb_gt *t)
+{
+    int64_t idx[4] = {0, 0, 0, 0};
+    if (rb_numel(t->rank, t->shape) > 0)
+        do {
+            t->role[rb_gt_slot(t, idx)] = RB_READ;
+        } while (rb_index_next(t->rank, t->shape, idx));
+}
+
+void kv_write_case(rb_rng *r, int64_t n)
+{
+    static const int DT[3] = {SDPA_DTYPE_F32, SDPA_DTYPE_F16, SDPA_DTYPE_BF16};
+    const int64_t NB = rb_int(r, 1, 4), Hkv = rb_int(r, 1, 2), bs = rb_int(r, 1, 4), T = rb_int(r, 0, 5);
+    const int64_t E = rb_chance(r, 10) ? rb_int(r, 257, 300) : rb_int(r, 1, 20);
+    const int with_v = rb_chance(r, 60);
+    const int64_t Ev = rb_chance(r, 50) ? E : rb_int(r, 1, 20);
+    const int cdt = DT[rb_int(r, 0, 2)], rdt = DT[rb_int(r, 0, 2)];
+    const size_t ces = cdt == SDPA_DTYPE_F32 ? 4 : 2, res = rdt == SDPA_DTYPE_F32 ? 4 : 2;
+    const int64_t cshape[2][4] = {{NB, Hkv, bs, E}, {NB, Hkv, bs, Ev}}, rshape[2][3] = {{T, Hkv, E}, {T, Hkv, Ev}};
+    const int in_lay = RB_LAY_NEG | RB_LAY_BCAST | RB_LAY_PERM | RB_LAY_PAD, out_lay = RB_LAY_PERM | RB_LAY_PAD;
+    rb_gt cache[2], rows[2];
+    memset(cache, 0, sizeof cache);
+    memset(rows, 0, sizeof rows);
+    unsigned char *before[2] = {NULL, NULL}, *after[2] = {NULL, NULL};
+    for (int w = 0; w < 1 + with_v; ++w) {
+        rb_gt_make(&cache[w], r, 4, cshape[w], ces, out_lay);
+        rb_gt_make(&rows[w], r, 3, rshape[w], res, in_lay);
+        memset(cache[w].g.lo, SV_CANARY, (size_t)cache[w].span * ces);
+        kvw_mark_logical(&cache[w]);
+        for (int64_t s = 0; s < cache[w].span; ++s)
+            if (cache[w].role[s] == RB_READ)
+                sv_put(&cache[w], cdt, s, sv_val(r)); /* the cache's old contents */
+        sv_fill(&rows[w], rdt, r);
+        kvw_mark_logical(&rows[w]);
+        before[w] = malloc((size_t)cache[w].span * ces);
+        after[w] = malloc((size_t)cache[w].span * ces);
+        memcpy(before[w], cache[w].g.lo, (size_t)cache[w].span * ces);
+    }
+    int64_t slots[5];
+    for (int64_t t = 0; t < T; ++t)
+        slots[t] = rb_chance(r, 15) ? -1 : rb_int(r, 0, NB * bs - 1);
+    rb_guard gs[5];
+    memset(gs, 0, sizeof gs);
+    const int64_t *gslots = sv_place(&gs[0], slots, (size_t)T * sizeof slots[0], rb_chance(r, 50));
+    const sdpa_tensor views[4] = {sv_view(&cache[0], cdt), sv_view(&rows[0], rdt),
+                                  with_v ? sv_view(&cache[1], cdt) : sv_view(&cache[0], cdt),
+                                  with_v ? sv_view(&rows[1], rdt) : sv_view(&rows[0], rdt)};
+    const sdpa_tensor *pkc = sv_place(&gs[1], &views[0], sizeof views[0], 1);
+    const sdpa_tensor *pkr = sv_place(&gs[2], &views[1], sizeof views[1], 1);
+    const sdpa_tensor *pvc = with_v ? sv_place(&gs[3], &views[2], sizeof views[2], 1) : NULL;
+    const sdpa_tensor *pvr = with_v ? sv_place(&gs[4], &views[3], sizeof views[3], 1) : NULL;
+    for (int pass = 0; pass < 4; ++pass) { /* 0: as filled; 1-3: the rows' gaps poisoned */
+        if (pass > 0)
+            for (int w = 0; w < 1 + with_v; ++w) {
+                sv_poison(&rows[w], rdt, pass - 1);
+                memcpy(cache[w].g.lo, before[w], (size_t)cache[w].span * ces);
+            }
+        const sdpa_status st = sdpa_kv_write(pkc, pvc, pkr, pvr, gslots);
+        ++g_kvw_calls;
+        if (st != SDPA_OK) {
+            RB_FAIL("kv_write case %lld pass %d: %s (%s)", (long long)n, pass, sdpa_status_string(st),
+                    sdpa_last_error_message());
+            break;
+        }
+        for (int w = 0; w < 1 + with_v; ++w) {
+            const size_t nb = (size_t)cache[w].span * ces;
+            if (pass > 0) {
+                RB_CHECK(memcmp(after[w], cache[w].g.lo, nb) == 0,
+                         "kv_write case %lld: poisoned row gaps (pass %d) changed the cache", (long long)n, pass);
+                continue;
+            }
+            memcpy(after[w], cache[w].g.lo, nb);
+            RB_CHECK(sv_gaps_intact(&cache[w]), "kv_write case %lld: a stride gap of cache %d was written", (long long)n, w);
+            int64_t idx[4] = {0, 0, 0, 0};
+            do {
+                const int64_t slot = idx[0] * bs + idx[2], at = rb_gt_slot(&cache[w], idx);
+                int64_t from = -1;
+                for (int64_t t = 0; t < T; ++t)
+                    if (slots[t] == slot)
+                        from = t;
+                double want;
+                if (from < 0) {
+                    rb_gt old = cache[w];
+                    old.g.lo = before[w];
+                    want = sv_get(&old, cdt, at);
+                } else {
+                    const int64_t ri[3] = {from, idx[1], idx[3]};
+                    want = sv_get(&rows[w], rdt, rb_gt_slot(&rows[w], ri));
+                }
+                const double got = sv_get(&cache[w], cdt, at);
+                RB_CHECK(got == want, "kv_write case %lld: cache %d [%lld,%lld,%lld,%lld] = %g, want %g (row %lld)",
+                         (long long)n, w, (long long)idx[0], (long long)idx[1], (long long)idx[2], (long long)idx[3],
+                         got, want, (long long)from);
+            } while (rb_index_next(4, cshape[w], idx));
+        }
+    }
+    for (int w = 0; w < 2; ++w) {
+        if (w <= with_v) {
+            rb_gt_free(&cache[w]);
+            rb_gt_free(&rows[w]);
+        }
+        free(before[w]);
+        free(after[w]);
+    }
+    for (int g = 0; g < 5; ++g)
+        rb_guard_free(&gs[g]);
+}

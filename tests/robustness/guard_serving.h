@@ -9,6 +9,10 @@
 /* One random serving case (and its three poisoned reruns). */
 void serving_case(rb_rng *r, int64_t n);
 
+/* One random sdpa_kv_write case (negative-stride rows, E past 256, caches of any dtype). */
+void kv_write_case(rb_rng *r, int64_t n);
+extern int64_t g_kvw_calls;
+
 /* Counts for the summary line. */
 extern int64_t g_sv_cases, g_sv_calls, g_sv_unsupported, g_sv_paged, g_sv_packed, g_sv_f16, g_sv_bf16;
 

@@ -1180,6 +1180,7 @@ int main(int argc, char **argv)
     for (int64_t n = 0; n < cases; ++n) {
         attention_case(&r, n);
         serving_case(&rs, n);
+        kv_write_case(&rs, n);
         if (n % 4 == 0)
             mha_case(&r, n);
         if (n % 3 == 0)
@@ -1190,11 +1191,11 @@ int main(int argc, char **argv)
     printf("test_guard (SDPA_MAX_ISA=%s, seed %llu): %lld attention cases (%lld calls, %lld expected failures), "
            "%lld MHA calls, %lld merge calls, %lld mask builder/converter calls; kernels:%s; "
            "%lld serving cases (%lld calls; %lld paged, %lld packed, %lld f16, %lld bf16; %lld forced kernels unsupported); "
-           "%d failures\n",
+           "%lld kv_write calls; %d failures\n",
            isa, (unsigned long long)seed, (long long)cases, (long long)g_calls, (long long)g_failed_calls,
            (long long)g_mha_calls, (long long)g_merge_calls, (long long)g_mask_calls, g_kernels, (long long)g_sv_cases,
            (long long)g_sv_calls, (long long)g_sv_paged, (long long)g_sv_packed, (long long)g_sv_f16, (long long)g_sv_bf16,
-           (long long)g_sv_unsupported, rb_failures);
+           (long long)g_sv_unsupported, (long long)g_kvw_calls, rb_failures);
     if (g_sv_amx) {
         printf("test_guard (SDPA_MAX_ISA=amx): %lld serving calls ran tiled-amx-bf16\n", (long long)g_sv_amx_calls);
         if (g_sv_amx_calls == 0 && cases > 0) {
