@@ -327,6 +327,9 @@ sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, co
  * first balance the threads better); the order changes no bit. */
 #define VARLEN_SMALL_L 8
 
+/* sdpa_attention of a packed plan. Long because it is one region's set-up in order: the
+ * sequences' plans and workspace, the phases' units (checks, inline-check items, the other
+ * items), the region, the first failure named in its packed sequence, the finishes. */
 sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     varlen_ws w;
     sdpa_status st = layout(p->fn, p, o, &w, NULL);

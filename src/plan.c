@@ -217,90 +217,44 @@ static sdpa_status check_option_arrays_aligned(const char *fn, const sdpa_option
     return SDPA_OK;
 }
 
-sdpa_status sdpa__plan_make(const char *fn, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
-                             const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
-                             const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o) {
-    sdpa_status st;
-    if (q == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: query is NULL", fn);
-    if (k == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: key is NULL", fn);
-    if (v == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: value is NULL", fn);
-    if (!for_size && out == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: out is NULL", fn);
-    SDPA__TRY(check_input(fn, q, "query", 3, 4));
-    SDPA__TRY(check_input(fn, k, "key", 3, 4));
-    SDPA__TRY(check_input(fn, v, "value", 3, 4));
-    SDPA__TRY(sdpa__options_read(fn, opt_in, o));
-    SDPA__TRY(check_option_arrays_aligned(fn, o));
-    if (k->rank != q->rank || v->rank != q->rank)
-        return sdpa__fail(SDPA_ERR_RANK, "%s: query.rank=%d, key.rank=%d, value.rank=%d must be equal", fn,
-                          (int)q->rank, (int)k->rank, (int)v->rank);
-    const int32_t rank = q->rank;
-    memset(p, 0, sizeof *p);
-    p->fn = fn;
-    p->q = to_view4(q);
-    p->k = to_view4(k);
-    p->v = to_view4(v);
-    p->B = p->q.shape[0];
-    p->Hq = p->q.shape[1];
-    p->L = p->q.shape[2];
-    p->E = p->q.shape[3];
-    p->Hkv = p->k.shape[1];
-    p->S = p->k.shape[2];
-    p->Ev = p->v.shape[3];
-    const int64_t nseq = o->cu_seqlens_q != NULL ? o->num_seqs : p->B; /* rows of key_lengths, block_table */
-    if (o->cu_seqlens_q != NULL && (st = packed_check(fn, q, k, o, weights)) != SDPA_OK) return st;
-    if (o->block_table != NULL) {
-        SDPA__TRY(paged_make(fn, p, k, v, o, nseq));
+/* sdpa__plan_make, outputs: out (any dtype), weights and lse (float32) against the shapes. */
+static sdpa_status plan_outputs(const char *fn, sdpa__plan *p, int32_t rank, const sdpa_tensor *out,
+                                const sdpa_tensor *weights, const sdpa_tensor *lse) {
+    static const char *const d4[] = {"B", "Hq", "L", "Ev"}, *const d3[] = {"B", "L", "Ev"};
+    static const char *const w4[] = {"B", "Hq", "L", "S"}, *const w3[] = {"B", "L", "S"};
+    static const char *const l3[] = {"B", "Hq", "L"}, *const l2[] = {"B", "L"};
+    int64_t want_out[4], want_w[4], want_l[3];
+    if (rank == 4) {
+        int64_t a[4] = {p->B, p->Hq, p->L, p->Ev}, b[4] = {p->B, p->Hq, p->L, p->S}, c[3] = {p->B, p->Hq, p->L};
+        memcpy(want_out, a, sizeof a); memcpy(want_w, b, sizeof b); memcpy(want_l, c, sizeof c);
     } else {
-        SDPA__TRY(expect_dim(fn, k, "key", 0, p->B, "query", 0, rank));
-        SDPA__TRY(expect_dim(fn, v, "value", 0, p->B, "query", 0, rank));
-        SDPA__TRY(expect_dim(fn, v, "value", 2, p->S, "key", 2, rank));
+        int64_t a[3] = {p->B, p->L, p->Ev}, b[3] = {p->B, p->L, p->S}, c[2] = {p->B, p->L};
+        memcpy(want_out, a, sizeof a); memcpy(want_w, b, sizeof b); memcpy(want_l, c, sizeof c);
     }
-    SDPA__TRY(expect_dim(fn, v, "value", 1, p->Hkv, "key", 1, rank));
-    SDPA__TRY(expect_dim(fn, k, "key", 3, p->E, "query", 3, rank));
-    if (p->Hkv == 0 ? p->Hq != 0 : p->Hq % p->Hkv != 0)
-        return sdpa__fail(SDPA_ERR_SHAPE,
-                          "%s: query heads Hq=query.shape[1]=%lld is not a multiple of key heads Hkv=key.shape[1]=%lld",
-                          fn, (long long)p->Hq, (long long)p->Hkv);
-    p->group = p->Hkv == 0 ? 1 : p->Hq / p->Hkv;
-    if (p->L > INT32_MAX || p->S > INT32_MAX || p->E > INT32_MAX || p->Ev > INT32_MAX)
-        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: L=%lld, S=%lld, E=%lld, Ev=%lld must each fit in 32 bits (libsdpa indexes key positions, rows and widths with 32-bit integers on every path)",
-                          fn, (long long)p->L, (long long)p->S, (long long)p->E, (long long)p->Ev);
-    if (p->E == 0)
-        return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: head width E=query.shape[%d]=0 (the default scale 1/sqrt(E) is undefined)",
-                          fn, rank - 1);
-
-    /* Outputs. */
-    if (!for_size) {
-        static const char *const d4[] = {"B", "Hq", "L", "Ev"}, *const d3[] = {"B", "L", "Ev"};
-        static const char *const w4[] = {"B", "Hq", "L", "S"}, *const w3[] = {"B", "L", "S"};
-        static const char *const l3[] = {"B", "Hq", "L"}, *const l2[] = {"B", "L"};
-        int64_t want_out[4], want_w[4], want_l[3];
+    SDPA__TRY(check_output(fn, out, "out", rank, want_out, rank == 4 ? d4 : d3, SDPA__DTYPES_ALL));
+    p->out = to_view4(out);
+    if (weights != NULL) {
+        SDPA__TRY(check_output(fn, weights, "weights", rank, want_w, rank == 4 ? w4 : w3, SDPA__DTYPES_F32));
+        p->has_weights = true;
+        p->weights = to_view4(weights);
+    }
+    if (lse != NULL) {
+        SDPA__TRY(check_output(fn, lse, "lse", rank - 1, want_l, rank == 4 ? l3 : l2, SDPA__DTYPES_F32));
+        p->has_lse = true;
+        p->lse = (float *)lse->data;
         if (rank == 4) {
-            int64_t a[4] = {p->B, p->Hq, p->L, p->Ev}, b[4] = {p->B, p->Hq, p->L, p->S}, c[3] = {p->B, p->Hq, p->L};
-            memcpy(want_out, a, sizeof a); memcpy(want_w, b, sizeof b); memcpy(want_l, c, sizeof c);
+            p->lse_strides[0] = lse->strides[0]; p->lse_strides[1] = lse->strides[1]; p->lse_strides[2] = lse->strides[2];
         } else {
-            int64_t a[3] = {p->B, p->L, p->Ev}, b[3] = {p->B, p->L, p->S}, c[2] = {p->B, p->L};
-            memcpy(want_out, a, sizeof a); memcpy(want_w, b, sizeof b); memcpy(want_l, c, sizeof c);
-        }
-        SDPA__TRY(check_output(fn, out, "out", rank, want_out, rank == 4 ? d4 : d3, SDPA__DTYPES_ALL));
-        p->out = to_view4(out);
-        if (weights != NULL) {
-            SDPA__TRY(check_output(fn, weights, "weights", rank, want_w, rank == 4 ? w4 : w3, SDPA__DTYPES_F32));
-            p->has_weights = true;
-            p->weights = to_view4(weights);
-        }
-        if (lse != NULL) {
-            SDPA__TRY(check_output(fn, lse, "lse", rank - 1, want_l, rank == 4 ? l3 : l2, SDPA__DTYPES_F32));
-            p->has_lse = true;
-            p->lse = (float *)lse->data;
-            if (rank == 4) {
-                p->lse_strides[0] = lse->strides[0]; p->lse_strides[1] = lse->strides[1]; p->lse_strides[2] = lse->strides[2];
-            } else {
-                p->lse_strides[0] = lse->strides[0]; p->lse_strides[1] = 0; p->lse_strides[2] = lse->strides[1];
-            }
+            p->lse_strides[0] = lse->strides[0]; p->lse_strides[1] = 0; p->lse_strides[2] = lse->strides[1];
         }
     }
+    return SDPA_OK;
+}
 
+/* sdpa__plan_make, the rules' inputs: options' ranges, offsets, lengths, the block table, the
+ * allow-mask and the bias. */
+static sdpa_status plan_rules(const char *fn, sdpa__plan *p, const sdpa_options *o, int64_t nseq) {
+    sdpa_status st;
     SDPA__TRY(sdpa__options_check(fn, o));
     if (o->alignment == SDPA_ALIGN_OFFSETS) {
         if (o->query_offsets == NULL && nseq > 0)
@@ -334,67 +288,74 @@ sdpa_status sdpa__plan_make(const char *fn, const sdpa_tensor *q, const sdpa_ten
         p->rules.bias.data = bt->data;
         p->rules.bias.dtype = bt->dtype;
     }
+    return SDPA_OK;
+}
 
-    /* Outputs must not overlap inputs or each other. */
-    if (!for_size) {
-        sdpa__named_span in[14], outs[4];
-        int nin = 0, nout = 0;
-        in[nin].name = "query"; in[nin++].s = sdpa__tensor_span(q);
-        in[nin].name = "key"; in[nin++].s = sdpa__tensor_span(k);
-        in[nin].name = "value"; in[nin++].s = sdpa__tensor_span(v);
-        if (o->bias) { in[nin].name = "bias"; in[nin++].s = sdpa__tensor_span(o->bias); }
-        if (o->allow_mask) { in[nin].name = "allow_mask"; in[nin++].s = sdpa__mask_span(o->allow_mask); }
-        if (o->key_lengths && nseq > 0) {
-            in[nin].name = "key_lengths";
-            in[nin].s.lo = (uintptr_t)o->key_lengths;
-            in[nin++].s.hi = (uintptr_t)(o->key_lengths + nseq);
-        }
-        if (o->block_table && nseq > 0) {
-            in[nin].name = "block_table";
-            in[nin].s.lo = (uintptr_t)o->block_table;
-            in[nin++].s.hi = (uintptr_t)(o->block_table + (nseq - 1) * p->k.block_table_stride + o->max_blocks_per_seq);
-        }
-        if (o->cu_seqlens_q) {
-            in[nin].name = "cu_seqlens_q";
-            in[nin].s.lo = (uintptr_t)o->cu_seqlens_q;
-            in[nin++].s.hi = (uintptr_t)(o->cu_seqlens_q + nseq + 1);
-            if (o->cu_seqlens_k) {
-                in[nin].name = "cu_seqlens_k";
-                in[nin].s.lo = (uintptr_t)o->cu_seqlens_k;
-                in[nin++].s.hi = (uintptr_t)(o->cu_seqlens_k + nseq + 1);
-            }
-        }
-        if (o->query_lengths && p->B > 0) {
-            in[nin].name = "query_lengths";
-            in[nin].s.lo = (uintptr_t)o->query_lengths;
-            in[nin++].s.hi = (uintptr_t)(o->query_lengths + p->B);
-        }
-        if (o->alignment == SDPA_ALIGN_OFFSETS && nseq > 0) {
-            in[nin].name = "query_offsets";
-            in[nin].s.lo = (uintptr_t)o->query_offsets;
-            in[nin++].s.hi = (uintptr_t)(o->query_offsets + nseq);
-        }
-        if (o->sinks && p->Hq > 0) {
-            in[nin].name = "sinks";
-            in[nin].s.lo = (uintptr_t)o->sinks;
-            in[nin++].s.hi = (uintptr_t)(o->sinks + p->Hq);
-        }
-        if (o->alibi_slopes && p->Hq > 0 && nseq > 0) {
-            in[nin].name = "alibi_slopes";
-            in[nin].s.lo = (uintptr_t)o->alibi_slopes;
-            in[nin++].s.hi = (uintptr_t)(o->alibi_slopes + (o->alibi_slopes_rank == 2 ? nseq * p->Hq : p->Hq));
-        }
-        outs[nout].name = "out"; outs[nout++].s = sdpa__tensor_span(out);
-        if (weights) { outs[nout].name = "weights"; outs[nout++].s = sdpa__tensor_span(weights); }
-        if (lse) { outs[nout].name = "lse"; outs[nout++].s = sdpa__tensor_span(lse); }
-        if (o->workspace && o->workspace_bytes > 0) { /* written too: checked like an output */
-            outs[nout].name = "workspace";
-            outs[nout].s.lo = (uintptr_t)o->workspace;
-            outs[nout++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
-        }
-        SDPA__TRY(sdpa__check_overlaps(fn, in, nin, outs, nout));
+/* sdpa__plan_make, overlaps: no output (written) overlaps an input or another output. */
+static sdpa_status plan_overlaps(const char *fn, const sdpa__plan *p, const sdpa_options *o, int64_t nseq,
+                                 const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                                 const sdpa_tensor *out, const sdpa_tensor *weights, const sdpa_tensor *lse) {
+    sdpa__named_span in[14], outs[4];
+    int nin = 0, nout = 0;
+    in[nin].name = "query"; in[nin++].s = sdpa__tensor_span(q);
+    in[nin].name = "key"; in[nin++].s = sdpa__tensor_span(k);
+    in[nin].name = "value"; in[nin++].s = sdpa__tensor_span(v);
+    if (o->bias) { in[nin].name = "bias"; in[nin++].s = sdpa__tensor_span(o->bias); }
+    if (o->allow_mask) { in[nin].name = "allow_mask"; in[nin++].s = sdpa__mask_span(o->allow_mask); }
+    if (o->key_lengths && nseq > 0) {
+        in[nin].name = "key_lengths";
+        in[nin].s.lo = (uintptr_t)o->key_lengths;
+        in[nin++].s.hi = (uintptr_t)(o->key_lengths + nseq);
     }
+    if (o->block_table && nseq > 0) {
+        in[nin].name = "block_table";
+        in[nin].s.lo = (uintptr_t)o->block_table;
+        in[nin++].s.hi = (uintptr_t)(o->block_table + (nseq - 1) * p->k.block_table_stride + o->max_blocks_per_seq);
+    }
+    if (o->cu_seqlens_q) {
+        in[nin].name = "cu_seqlens_q";
+        in[nin].s.lo = (uintptr_t)o->cu_seqlens_q;
+        in[nin++].s.hi = (uintptr_t)(o->cu_seqlens_q + nseq + 1);
+        if (o->cu_seqlens_k) {
+            in[nin].name = "cu_seqlens_k";
+            in[nin].s.lo = (uintptr_t)o->cu_seqlens_k;
+            in[nin++].s.hi = (uintptr_t)(o->cu_seqlens_k + nseq + 1);
+        }
+    }
+    if (o->query_lengths && p->B > 0) {
+        in[nin].name = "query_lengths";
+        in[nin].s.lo = (uintptr_t)o->query_lengths;
+        in[nin++].s.hi = (uintptr_t)(o->query_lengths + p->B);
+    }
+    if (o->alignment == SDPA_ALIGN_OFFSETS && nseq > 0) {
+        in[nin].name = "query_offsets";
+        in[nin].s.lo = (uintptr_t)o->query_offsets;
+        in[nin++].s.hi = (uintptr_t)(o->query_offsets + nseq);
+    }
+    if (o->sinks && p->Hq > 0) {
+        in[nin].name = "sinks";
+        in[nin].s.lo = (uintptr_t)o->sinks;
+        in[nin++].s.hi = (uintptr_t)(o->sinks + p->Hq);
+    }
+    if (o->alibi_slopes && p->Hq > 0 && nseq > 0) {
+        in[nin].name = "alibi_slopes";
+        in[nin].s.lo = (uintptr_t)o->alibi_slopes;
+        in[nin++].s.hi = (uintptr_t)(o->alibi_slopes + (o->alibi_slopes_rank == 2 ? nseq * p->Hq : p->Hq));
+    }
+    outs[nout].name = "out"; outs[nout++].s = sdpa__tensor_span(out);
+    if (weights) { outs[nout].name = "weights"; outs[nout++].s = sdpa__tensor_span(weights); }
+    if (lse) { outs[nout].name = "lse"; outs[nout++].s = sdpa__tensor_span(lse); }
+    if (o->workspace && o->workspace_bytes > 0) { /* written too: checked like an output */
+        outs[nout].name = "workspace";
+        outs[nout].s.lo = (uintptr_t)o->workspace;
+        outs[nout++].s.hi = (uintptr_t)o->workspace + o->workspace_bytes;
+    }
+    return sdpa__check_overlaps(fn, in, nin, outs, nout);
+}
 
+/* sdpa__plan_make, the rest: loaders, scalars, rules, sinks, ALiBi, the executor, and the call
+ * context last (context.c). */
+static sdpa_status plan_settings(const char *fn, sdpa__plan *p, const sdpa_options *o, int64_t nseq) {
     p->load_q = sdpa__loader_for(&p->q, SDPA__ADDR_STRIDED);
     const sdpa__addressing kv_addr = o->block_table != NULL ? SDPA__ADDR_PAGED : SDPA__ADDR_STRIDED;
     p->load_k = sdpa__loader_for(&p->k, kv_addr);
@@ -453,5 +414,65 @@ sdpa_status sdpa__plan_make(const char *fn, const sdpa_tensor *q, const sdpa_ten
     sdpa__ctx_make(&p->ctx, p);
     p->q.cv = p->k.cv = p->v.cv = p->ctx.cv;
     return SDPA_OK;
+}
+
+sdpa_status sdpa__plan_make(const char *fn, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                             const sdpa_options *opt_in, const sdpa_tensor *out, const sdpa_tensor *weights,
+                             const sdpa_tensor *lse, bool for_size, sdpa__plan *p, sdpa_options *o) {
+    sdpa_status st;
+    if (q == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: query is NULL", fn);
+    if (k == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: key is NULL", fn);
+    if (v == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: value is NULL", fn);
+    if (!for_size && out == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: out is NULL", fn);
+    SDPA__TRY(check_input(fn, q, "query", 3, 4));
+    SDPA__TRY(check_input(fn, k, "key", 3, 4));
+    SDPA__TRY(check_input(fn, v, "value", 3, 4));
+    SDPA__TRY(sdpa__options_read(fn, opt_in, o));
+    SDPA__TRY(check_option_arrays_aligned(fn, o));
+    if (k->rank != q->rank || v->rank != q->rank)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: query.rank=%d, key.rank=%d, value.rank=%d must be equal", fn,
+                          (int)q->rank, (int)k->rank, (int)v->rank);
+    const int32_t rank = q->rank;
+    memset(p, 0, sizeof *p);
+    p->fn = fn;
+    p->q = to_view4(q);
+    p->k = to_view4(k);
+    p->v = to_view4(v);
+    p->B = p->q.shape[0];
+    p->Hq = p->q.shape[1];
+    p->L = p->q.shape[2];
+    p->E = p->q.shape[3];
+    p->Hkv = p->k.shape[1];
+    p->S = p->k.shape[2];
+    p->Ev = p->v.shape[3];
+    const int64_t nseq = o->cu_seqlens_q != NULL ? o->num_seqs : p->B; /* rows of key_lengths, block_table */
+    if (o->cu_seqlens_q != NULL && (st = packed_check(fn, q, k, o, weights)) != SDPA_OK) return st;
+    if (o->block_table != NULL) {
+        SDPA__TRY(paged_make(fn, p, k, v, o, nseq));
+    } else {
+        SDPA__TRY(expect_dim(fn, k, "key", 0, p->B, "query", 0, rank));
+        SDPA__TRY(expect_dim(fn, v, "value", 0, p->B, "query", 0, rank));
+        SDPA__TRY(expect_dim(fn, v, "value", 2, p->S, "key", 2, rank));
+    }
+    SDPA__TRY(expect_dim(fn, v, "value", 1, p->Hkv, "key", 1, rank));
+    SDPA__TRY(expect_dim(fn, k, "key", 3, p->E, "query", 3, rank));
+    if (p->Hkv == 0 ? p->Hq != 0 : p->Hq % p->Hkv != 0)
+        return sdpa__fail(SDPA_ERR_SHAPE,
+                          "%s: query heads Hq=query.shape[1]=%lld is not a multiple of key heads Hkv=key.shape[1]=%lld",
+                          fn, (long long)p->Hq, (long long)p->Hkv);
+    p->group = p->Hkv == 0 ? 1 : p->Hq / p->Hkv;
+    if (p->L > INT32_MAX || p->S > INT32_MAX || p->E > INT32_MAX || p->Ev > INT32_MAX)
+        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: L=%lld, S=%lld, E=%lld, Ev=%lld must each fit in 32 bits (libsdpa indexes key positions, rows and widths with 32-bit integers on every path)",
+                          fn, (long long)p->L, (long long)p->S, (long long)p->E, (long long)p->Ev);
+    if (p->E == 0)
+        return sdpa__fail(SDPA_ERR_EMPTY_DIMENSION, "%s: head width E=query.shape[%d]=0 (the default scale 1/sqrt(E) is undefined)",
+                          fn, rank - 1);
+
+    if (!for_size)
+        SDPA__TRY(plan_outputs(fn, p, rank, out, weights, lse));
+    SDPA__TRY(plan_rules(fn, p, o, nseq));
+    if (!for_size)
+        SDPA__TRY(plan_overlaps(fn, p, o, nseq, q, k, v, out, weights, lse));
+    return plan_settings(fn, p, o, nseq);
 }
 
