@@ -1,5 +1,6 @@
 /* AVX2 + FMA micro-kernels. Built with -mavx2 -mfma into its own static library; called only
- * after sdpa__mk_select() has seen both features at run time.
+ * through a call context (context.c) whose table dispatch.c chose after seeing both features
+ * at run time.
  *
  * exp: x clamped to [-88, 88], x = n ln2 + r (Cody-Waite split of ln2, |r| <= ln2/2), e^r by
  * its Taylor polynomial of degree 7 (truncation error < 6e-9 relative), times 2^n built in the

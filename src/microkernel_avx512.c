@@ -1,6 +1,6 @@
 /* AVX-512F micro-kernels for the tiled path's "lanes" tiles (16 lanes per register). Built with
- * -mavx512f -mavx2 -mfma into its own static library; used only after sdpa__mk_select() has
- * seen AVX-512F (and AVX2 + FMA) at run time. The decode path's "rows" kernels are here too
+ * -mavx512f -mavx2 -mfma into its own static library; used only through a call context whose
+ * table dispatch.c chose after seeing AVX-512F (and AVX2 + FMA) at run time. The decode path's "rows" kernels are here too
  * (one 64-byte load per cache line of K and V, software prefetch ahead of the stream, masked
  * tails instead of scalar loops); softcap keeps the AVX2 code (a side path).
  *

@@ -1,4 +1,5 @@
-/* Portable C micro-kernels (any CPU) and the per-call choice of the micro-kernel set. */
+/* Portable C micro-kernels (any CPU); dispatch.c registers them, the call context (context.c)
+ * picks a table once per call. */
 #include "microkernel.h"
 
 #include <math.h>
