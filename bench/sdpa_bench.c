@@ -20,7 +20,9 @@
  *               the same calls into a previous release of the library (--baseline PATH or
  *               the meson option bench_baseline), loaded with dlopen(RTLD_LOCAL |
  *               RTLD_DEEPBIND) into this process and called through dlsym'd pointers with
- *               that release's sdpa_options size.
+ *               that release's sdpa_options size. The rows are named after its release:
+ *               prev-0.5:* for a 0.5.x baseline (bench/build_baseline.sh 9892fff), which
+ *               also runs the f16/bf16 rows and their precision.
  * and one pseudo-shape "peak-fma": fma-avx512 / fma-avx2, a loop of independent FMA
  * accumulator chains (no memory traffic) at every thread count: the FMA peak in GF/s of this
  * machine in the same run. A candidate the CPU lacks is "unsupported" (note: not run).
@@ -319,10 +321,12 @@ typedef enum path {
     PATH_COUNT
 } path;
 
-static const char *const path_names[PATH_COUNT] = {"blas-floor",    "bw-floor",        "reference",
-                                                   "tiled",         "decode",          "auto",
-                                                   "prev-0.3:tiled", "prev-0.3:decode", "prev-0.3:auto",
-                                                   "fma-avx512",    "fma-avx2"};
+/* The prev rows are named after the baseline's minor release ("prev-0.3:tiled", "prev-0.5:tiled";
+ * prev_load sets them). */
+static char prev_tag[16] = "prev-0.3", prev_names[3][32] = {"prev-0.3:tiled", "prev-0.3:decode", "prev-0.3:auto"};
+static const char *const path_names[PATH_COUNT] = {"blas-floor",    "bw-floor",    "reference",   "tiled",
+                                                   "decode",        "auto",        prev_names[0], prev_names[1],
+                                                   prev_names[2],   "fma-avx512",  "fma-avx2"};
 
 /* Rows that call a libsdpa (this one or the previous release) and are checked for accuracy. */
 static int path_is_library(path p) { return p >= PATH_REFERENCE && p <= PATH_PREV_AUTO; }
@@ -435,19 +439,32 @@ static int prev_load(const char *lib_path) {
         return 0;
     }
     snprintf(prev.version, sizeof prev.version, "%s", prev.version_string());
-    if (strncmp(prev.version, "0.3.", 4) != 0) {
-        fprintf(stderr, "sdpa-bench: baseline %s is libsdpa %s; the prev-0.3 candidates need a 0.3.x build\n", lib_path,
-                prev.version);
+    if (strncmp(prev.version, "0.3.", 4) != 0 && strncmp(prev.version, "0.4.", 4) != 0 &&
+        strncmp(prev.version, "0.5.", 4) != 0) {
+        fprintf(stderr, "sdpa-bench: baseline %s is libsdpa %s; the prev candidates need a 0.3.x, 0.4.x or 0.5.x build\n",
+                lib_path, prev.version);
         dlclose(prev.handle);
         prev.handle = NULL;
         return 0;
     }
+    snprintf(prev_tag, sizeof prev_tag, "prev-%.3s", prev.version);
+    static const char *const kinds[3] = {"tiled", "decode", "auto"};
+    for (int t = 0; t < 3; ++t)
+        snprintf(prev_names[t], sizeof prev_names[t], "%s:%s", prev_tag, kinds[t]);
     return 1;
 }
 
+/* 0.4 and later read f16/bf16 views and options.precision; 0.3 reads float32 only. */
+static int prev_has_dtypes(void) { return prev.handle != NULL && strncmp(prev.version, "0.3.", 4) != 0; }
+
+/* The options struct size the baseline is given: 0.3's (its fields a prefix of this header's),
+ * or this header's for 0.4 / 0.5 (their library zeroes, and accepts as zero, the fields it does
+ * not know). */
+static size_t prev_options_size(void) { return prev_has_dtypes() ? sizeof(sdpa_options) : PREV_OPTIONS_SIZE; }
+
 static void prev_options(sdpa_options *o) {
     memset(o, 0, sizeof *o);
-    prev.options_init_sized(o, PREV_OPTIONS_SIZE);
+    prev.options_init_sized(o, prev_options_size());
 }
 
 /* ---------------------------------------------------------- the FMA peak probe */
@@ -890,7 +907,7 @@ static sdpa_status run_library(shape_data *d, candidate *c, void *out) {
     o.causal = s->causal;
     o.num_threads = c->threads;
     o.kernel = path_kernel(c->path);
-    if (!path_is_prev(c->path))
+    if (!path_is_prev(c->path) || prev_has_dtypes())
         o.precision = d->dt->precision;
     if (path_is_prev(c->path))
         return prev.attention(&d->tq, &d->tk, &d->tv, &o, &tout, NULL, NULL);
@@ -1114,8 +1131,8 @@ static int case_has_path(const shape *s, const dtype_combo *dt, path p) {
     case PATH_AUTO: return 1;
     case PATH_DECODE: return small_l;
     case PATH_PREV_TILED:
-    case PATH_PREV_AUTO: return f32 && prev.handle != NULL;
-    case PATH_PREV_DECODE: return f32 && small_l && prev.handle != NULL;
+    case PATH_PREV_AUTO: return (f32 || prev_has_dtypes()) && prev.handle != NULL;
+    case PATH_PREV_DECODE: return (f32 || prev_has_dtypes()) && small_l && prev.handle != NULL;
     default: return 0;
     }
 }
@@ -2345,7 +2362,7 @@ static void usage(FILE *f) {
             "                 f32; f16kv / bf16kv = f32 q and out, f16 / bf16 k and v; bf16 = all bf16;\n"
             "                 bf16r = all bf16 at SDPA_PRECISION_REDUCED (bf16 dot products, P rounded);\n"
             "                 bf16amx = bf16r after sdpa_request_amx() (AMX-BF16 tiles; these rows run last)\n"
-            "  --baseline P   a previous release's libsdpa.so (0.3.x) for the prev-0.3 candidates;\n"
+            "  --baseline P   a previous release's libsdpa.so (0.3.x, 0.4.x or 0.5.x) for the prev-* candidates;\n"
             "                 default: the meson option bench_baseline; 'none': do not load one\n"
             "  --self-test    check the f16/bf16 conversion helpers and exit\n"
             "  --csv FILE     also write the rows as CSV\n"
@@ -2593,14 +2610,14 @@ int main(int argc, char **argv) {
     printf("# SDPA_MAX_ISA=%s; CPU flags %s; FMA probe %ld iterations per thread and call\n", cfg.isa_cap, cpu_flags,
            fma_iters);
     if (prev.handle)
-        printf("# prev-0.3: libsdpa %s from %s (dlopen RTLD_LOCAL%s; options struct_size %zu)\n", prev.version,
+        printf("# %s: libsdpa %s from %s (dlopen RTLD_LOCAL%s; options struct_size %zu)\n", prev_tag, prev.version,
                prev.path,
 #if defined(RTLD_DEEPBIND) && !defined(__SANITIZE_ADDRESS__) && !defined(SDPA_BENCH_SANITIZED)
                " | RTLD_DEEPBIND",
 #else
                "",
 #endif
-               (size_t)PREV_OPTIONS_SIZE);
+               prev_options_size());
     else
         printf("# prev-0.3: not run (no baseline library configured: --baseline PATH or meson -Dbench_baseline=PATH; "
                "bench/build_baseline.sh builds one)\n");
