@@ -1,5 +1,8 @@
-/* sdpa_attention: plan -> checks -> choose a kernel -> run it.
- * Nothing is written to an output before every check has passed. */
+/* sdpa_attention: plan (with its call context) -> the one driver: a list of sequences, each with
+ * its kernel (kernel.c), whose value checks and work items run as phases of one parallel
+ * region, then each kernel's finish. A plain call is a packed batch of one sequence (its plan
+ * as given); a packed call (options->cu_seqlens_q) has one per packed sequence. Nothing is
+ * written to an output before every check has passed. */
 #include "internal.h"
 #include "kernel.h"
 
@@ -35,68 +38,16 @@ static size_t exec_bytes(const sdpa__exec_plan *x) {
 
 size_t sdpa__exec_plan_need(const sdpa__exec_plan *x) { return sdpa__add_sat(exec_bytes(x), SDPA__WS_ALIGN_SLACK); }
 
+static sdpa_status drive(const sdpa__plan *p, const sdpa_options *o, void *workspace, size_t workspace_bytes);
+
+/* A plain call's workspace: the driver's for its one sequence (sdpa__varlen_workspace_bytes). */
 sdpa_status sdpa__attention_workspace_bytes(const char *fn, const sdpa__plan *p, size_t *bytes) {
-    const sdpa__plan sp = sdpa__sizing_plan(p);
-    sdpa__exec_plan x;
-    sdpa_status st = sdpa__exec_plan_make(fn, &sp, &x);
-    if (st != SDPA_OK)
-        return st;
-    const size_t b = sdpa__add_sat(exec_bytes(&x), SDPA__WS_ALIGN_SLACK);
-    if (b == SIZE_MAX)
-        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", fn);
-    *bytes = b;
-    return SDPA_OK;
+    return sdpa__varlen_workspace_bytes(fn, p, NULL, bytes);
 }
 
-/* One region: the value checks (phase 1), then, if they passed, the kernel's items (phase 2);
- * the threads start once and the calling thread works in both. Then the kernel's finish. */
-static sdpa_status run_region(const sdpa__plan *p, const sdpa__exec_plan *x, unsigned char *ws, bool check_kv) {
-    unsigned char *tws = ws + x->shared_bytes;
-    sdpa__check chk;
-    sdpa__work w;
-    sdpa__phase ph[2];
-    sdpa__check_begin(&chk, p, check_kv, tws, x->thread_bytes, x->threads, &ph[0]);
-    x->kernel->prepare(p, ws, tws, x->thread_bytes, &w);
-    ph[1] = (sdpa__phase){w.items, w.item, w.ctx, NULL, NULL};
-    sdpa_status st = sdpa__run_phases(&p->exec, x->threads, ph, 2);
-    if (st != SDPA_OK)
-        return st; /* a hook that broke its contract: the checks and items may not have run */
-    st = sdpa__check_end(&chk);
-    if (st == SDPA_OK)
-        st = w.finish(w.ctx);
-    return st;
-}
-
+/* sdpa_attention after its plan: the one driver with one sequence. */
 sdpa_status sdpa__attention_planned(const sdpa__plan *p, void *workspace, size_t workspace_bytes) {
-    sdpa__exec_plan x;
-    sdpa_status st = sdpa__exec_plan_make(p->fn, p, &x);
-    if (st != SDPA_OK)
-        return st;
-    size_t need = sdpa__exec_plan_need(&x);
-    if (need == SIZE_MAX)
-        return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: the workspace size overflows size_t", p->fn);
-    if (workspace != NULL && workspace_bytes < need)
-        return sdpa__fail(SDPA_ERR_WORKSPACE_TOO_SMALL,
-                          "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
-                          p->fn, workspace_bytes, need);
-    if (p->B == 0 || p->Hq == 0 || p->L == 0) { /* no query row: nothing to check or write */
-        sdpa__set_kernel("none");
-        return SDPA_OK;
-    }
-    void *ws = workspace, *owned = NULL;
-    if (ws == NULL) {
-        owned = ws = malloc(need);
-        if (ws == NULL)
-            return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", p->fn, need);
-    }
-    /* Any caller alignment is accepted: the size includes 64 bytes of slack to round up. */
-    ws = (void *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
-    need -= SDPA__WS_ALIGN_SLACK;
-    /* A kernel that checks the K/V rows it streams itself saves the check stage that pass. */
-    const bool kv_inline = x.kernel->checks_kv_inline && p->check_finite;
-    st = run_region(p, &x, (unsigned char *)ws, !kv_inline);
-    free(owned);
-    return st;
+    return drive(p, NULL, workspace, workspace_bytes);
 }
 
 SDPA_API sdpa_status sdpa_attention_workspace_size(const sdpa_tensor *q, const sdpa_tensor *k,
@@ -133,8 +84,9 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_tensor *q, const sdpa_tensor *k, 
     return sdpa__attention_planned(&p, o.workspace, o.workspace_bytes);
 }
 
-/* ==== packed variable-length batches (0.5, options->cu_seqlens_q; FlashAttention varlen) ====
- * The queries of R sequences packed along q's axis 2, keys from cu_seqlens_k or a paged cache.
+/* ==== the driver, and packed variable-length batches (0.5, options->cu_seqlens_q) ====
+ * Packed (FlashAttention varlen): the queries of R sequences packed along q's axis 2, keys from
+ * cu_seqlens_k or a paged cache.
  * Every sequence runs as the B = 1 plan it would have alone (its rules from rules.c:
  * sdpa__rule_for_sequence), so a packed call is bit-identical to the per-sequence calls with
  * the same kernel. All sequences' value checks run before any output is written, and all
@@ -257,12 +209,17 @@ typedef struct varlen_ws {
     size_t thread_bytes, shared, total; /* bytes */
 } varlen_ws;
 
-/* The plans of sequence r (false: nothing to compute); x from sdpa__exec_plan_make. */
+/* The plans of sequence r (live false: nothing to compute); x from sdpa__exec_plan_make. A
+ * plain call (o NULL) is one sequence, its plan as given, planned even without a query row (its
+ * workspace size is that of its kernel then too). */
 static sdpa_status plan_sequence(const char *fn, const sdpa__plan *p, const sdpa_options *o, int64_t r, sdpa__plan *chk,
                                  sdpa__plan *run, sdpa__exec_plan *x, bool *live) {
-    sequence_plan(p, o, r, chk);
-    *live = chk->L > 0 && chk->Hq > 0;
-    if (!*live)
+    if (o != NULL)
+        sequence_plan(p, o, r, chk);
+    else
+        *chk = *p;
+    *live = chk->L > 0 && chk->Hq > 0 && chk->B > 0;
+    if (!*live && o != NULL)
         return SDPA_OK;
     *run = *chk;
     run->check_finite = false; /* phase 1 checked everything: no empty row is left under ERROR */
@@ -276,14 +233,13 @@ static sdpa_status plan_sequence(const char *fn, const sdpa__plan *p, const sdpa
 static sdpa_status layout(const char *fn, const sdpa__plan *p, const sdpa_options *o, varlen_ws *w, seq *sq) {
     memset(w, 0, sizeof *w);
     int64_t threads = 0;
-    for (int64_t r = 0; r < o->num_seqs; ++r) {
+    const int64_t nseq = o != NULL ? o->num_seqs : 1;
+    for (int64_t r = 0; r < nseq; ++r) {
         sdpa__plan chk, run;
         sdpa__exec_plan x;
         bool live;
-        const sdpa_status st = plan_sequence(fn, p, o, r, &chk, &run, &x, &live);
-        if (st != SDPA_OK)
-            return st;
-        if (!live)
+        SDPA__TRY(plan_sequence(fn, p, o, r, &chk, &run, &x, &live));
+        if (!live && o != NULL)
             continue;
         size_t tb = sdpa__check_thread_bytes(&chk);
         tb = x.thread_bytes > tb ? x.thread_bytes : tb;
@@ -314,6 +270,7 @@ static sdpa_status layout(const char *fn, const sdpa__plan *p, const sdpa_option
     return SDPA_OK;
 }
 
+/* Workspace bytes of a plain (o NULL) or packed plan. */
 sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, const sdpa_options *o, size_t *bytes) {
     varlen_ws w;
     const sdpa__plan sp = sdpa__sizing_plan(p);
@@ -327,10 +284,11 @@ sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, co
  * first balance the threads better); the order changes no bit. */
 #define VARLEN_SMALL_L 8
 
-/* sdpa_attention of a packed plan. Long because it is one region's set-up in order: the
+/* The one driver: sdpa_attention of a plan, a plain call (o NULL: one sequence, the plan) or a
+ * packed batch (o: its sequences). Long because it is one region's set-up in order: the
  * sequences' plans and workspace, the phases' units (checks, inline-check items, the other
- * items), the region, the first failure named in its packed sequence, the finishes. */
-sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
+ * items), the region, the first failure (named in its packed sequence), the finishes. */
+static sdpa_status drive(const sdpa__plan *p, const sdpa_options *o, void *workspace, size_t workspace_bytes) {
     varlen_ws w;
     sdpa_status st = layout(p->fn, p, o, &w, NULL);
     if (st != SDPA_OK)
@@ -339,24 +297,39 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
         sdpa__set_kernel("none");
         return SDPA_OK;
     }
-    if (o->workspace != NULL && o->workspace_bytes < w.total)
+    if (workspace != NULL && workspace_bytes < w.total)
         return sdpa__fail(SDPA_ERR_WORKSPACE_TOO_SMALL,
                           "%s: options->workspace_bytes=%zu is smaller than the %zu bytes this call needs (sdpa_attention_workspace_size())",
-                          p->fn, o->workspace_bytes, w.total);
+                          p->fn, workspace_bytes, w.total);
+    if (o == NULL && !(p->B > 0 && p->Hq > 0 && p->L > 0)) { /* no query row: nothing to check or write */
+        sdpa__set_kernel("none");
+        return SDPA_OK;
+    }
     const size_t n = (size_t)w.nseq;
-    seq *sq = n <= SIZE_MAX / (sizeof(seq) + 3 * sizeof(unit)) ? malloc(n * (sizeof(seq) + 3 * sizeof(unit))) : NULL;
-    void *ws = o->workspace, *owned = NULL;
+    /* A plain call's one sequence lives here (no allocation the caller did not allow); a packed
+     * batch's are allocated. */
+    seq one_seq;
+    unit one_units[3];
+    void *sq_owned = NULL;
+    seq *sq = &one_seq;
+    unit *cu = one_units;
+    if (o != NULL) {
+        sq_owned = n <= SIZE_MAX / (sizeof(seq) + 3 * sizeof(unit)) ? malloc(n * (sizeof(seq) + 3 * sizeof(unit))) : NULL;
+        sq = (seq *)sq_owned;
+        cu = sq != NULL ? (unit *)(void *)(sq + n) : NULL;
+    }
+    void *ws = workspace, *owned = NULL;
     if (ws == NULL)
         owned = ws = malloc(w.total);
     if (ws == NULL || sq == NULL) {
         free(owned);
-        free(sq);
+        free(sq_owned);
         return sdpa__fail(SDPA_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of workspace", p->fn, w.total);
     }
-    unit *cu = (unit *)(void *)(sq + n), *ku = cu + n;
+    unit *ku = cu + n;
     if ((st = layout(p->fn, p, o, &w, sq)) != SDPA_OK) { /* the same answer as above */
         free(owned);
-        free(sq);
+        free(sq_owned);
         return st;
     }
     unsigned char *base = (unsigned char *)(((uintptr_t)ws + 63u) & ~(uintptr_t)63u);
@@ -403,7 +376,7 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
                          {ktasks, units_task, &kus, NULL, NULL}};
     st = sdpa__run_phases(&p->exec, w.threads, ph, 3);
     if (st != SDPA_OK) { /* a hook that broke its contract */
-        free(sq);
+        free(sq_owned);
         free(owned);
         return st;
     }
@@ -414,8 +387,10 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
         if ((bad_st = sdpa__check_values(&sq[r].chk_plan, true, w.threads, tws)) != SDPA_OK)
             first_bad = r;
     if (g.stopped && first_bad < 0)
-        st = sdpa__fail(SDPA_ERR_INTERNAL, "%s: a packed sequence's checks gave two answers", p->fn);
-    if (first_bad >= 0) { /* name the sequence and its first packed row */
+        st = sdpa__fail(SDPA_ERR_INTERNAL, "%s: a sequence's checks gave two answers", p->fn);
+    if (first_bad >= 0 && o == NULL)
+        st = bad_st; /* a plain call: the check's message as it is */
+    if (first_bad >= 0 && o != NULL) { /* name the sequence and its first packed row */
         int64_t rr = 0; /* its index among all sequences: the r of the message */
         for (int64_t r = 0, live = 0; r < o->num_seqs; ++r) {
             const int32_t Lr = o->cu_seqlens_q[r + 1] - o->cu_seqlens_q[r];
@@ -432,10 +407,12 @@ sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) {
     /* Each sequence's finish (decode's merge and writes). */
     for (int64_t r = 0; r < w.nseq && st == SDPA_OK; ++r)
         st = sq[r].w.finish(sq[r].w.ctx);
-    free(sq);
+    free(sq_owned);
     free(owned);
     return st;
 }
+
+sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o) { return drive(p, o, o->workspace, o->workspace_bytes); }
 
 /* ---- the cost query (cost.c, 0.6): what sdpa__varlen_run would plan, without running ---- */
 
