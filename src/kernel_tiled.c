@@ -127,7 +127,7 @@ typedef struct tctx {
     const sdpa__mk *mk;
     const sdpa__mk_bf16 *mk16; /* REDUCED with bf16 q and k: scores by bf16 dot products; else NULL */
     const sdpa__mk_bf16 *pv16; /* REDUCED with bf16 v: P rounded to bf16, P.V by bf16 dot products; else NULL */
-    void (*tiles_begin)(void), (*tiles_end)(void); /* the column's (AMX), where mk16 or pv16 uses it */
+    void (*tiles_begin)(void), (*tiles_end)(void); /* the column's begin / end, where mk16 or pv16 uses it */
     bool fused; /* fully allowed tiles: raw scores, then the column's softmax_pack (no softcap, ALiBi, dropout) */
     sdpa__dropout drop;
     layout lay;
@@ -541,7 +541,7 @@ static void item_tiles(item *it) {
     }
     c->pack_q(it);
     it->beta = NULL; /* the first P.V overwrites Ot (its alpha is 0: m was -inf) */
-    if (c->tiles_begin != NULL) /* AMX: this thread's tile configuration, for this item */
+    if (c->tiles_begin != NULL) /* the column's set-up of this thread for this item (tile configuration) */
         c->tiles_begin();
     for (int64_t a = it->jmin / bn * bn; a < it->jmax; a += bn) {
         const int64_t ta = a > it->jmin ? a : it->jmin, tc = a + bn < it->jmax ? a + bn : it->jmax, n = tc - ta;
