@@ -82,7 +82,7 @@ typedef struct sdpa__view4 {
     const int32_t *block_table;
     int64_t block_table_stride, block_size;
     const int64_t *key_lengths;
-    const struct sdpa__convert *cv; /* q/k/v: the conversion table of the plan's ISA (plan.c) */
+    const struct sdpa__convert *cv; /* q/k/v: the call context's conversion table (plan.c sets it) */
 } sdpa__view4;
 
 /* Byte interval [lo, hi) covered by a view; empty when lo == hi. */
@@ -289,10 +289,11 @@ static inline sdpa__plan sdpa__sizing_plan(const sdpa__plan *p) {
 
 /* ---- attention.c, packed variable-length batches (0.5, options->cu_seqlens_q) ---- */
 
-/* sdpa_attention of a packed plan (p from sdpa__plan_make with o->cu_seqlens_q): every
- * sequence's plan and value checks first, then each sequence's kernel. */
+/* sdpa_attention of a packed plan (p from sdpa__plan_make with o->cu_seqlens_q): the one
+ * driver over its sequences (every sequence's value checks first, then their items). */
 sdpa_status sdpa__varlen_run(const sdpa__plan *p, const sdpa_options *o);
-/* Workspace bytes of a packed plan: the most any of its sequences needs. */
+/* Workspace bytes of a packed plan (o; NULL: a plain plan, one sequence): what the driver
+ * needs for all of its sequences in one region. */
 sdpa_status sdpa__varlen_workspace_bytes(const char *fn, const sdpa__plan *p, const sdpa_options *o, size_t *bytes);
 
 /* ---- attention.c: the internal entries behind sdpa_attention (mha.c uses them) ---- */
