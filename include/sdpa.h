@@ -756,7 +756,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_attention(const sdpa_tensor *q, const s
  * O(rows_per_block * S + S * (E + Ev)) floats. It is the same in every process for the same
  * arguments and CPU count (num_threads = 0): sized for the most threads the call may use,
  * whatever start-up cost a process measured (a call that starts fewer needs less).
- * @param q, k, v, options as they will be passed to sdpa_attention() (values are not read).
+ * @param q       as it will be passed to sdpa_attention() (values are not read).
+ * @param k       likewise.   @param v likewise.   @param options likewise.
  * @param weights_requested nonzero if the call will pass a weights output.
  * @param bytes [out] the size.
  * @retval SDPA_OK or any validation error of sdpa_attention() that depends only on
@@ -944,8 +945,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_
  * view of shape [1]). Any strides on inputs; outputs need the output layout rules of
  * sdpa_attention. In place is allowed: `out` may be exactly the view out_a or out_b (same data
  * and strides), and `lse` exactly lse_a or lse_b; any other overlap is SDPA_ERR_OVERLAP.
- * @param out_a, lse_a  the part over key set A: out [..., Ev] and its lse [...].
- * @param out_b, lse_b  the part over key set B, same shapes.
+ * @param out_a the part over key set A: out [..., Ev].   @param lse_a its lse [...].
+ * @param out_b the part over key set B, same shape.   @param lse_b its lse.
  * @param out [out] the merged out [..., Ev].
  * @param lse [out] nullable.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
