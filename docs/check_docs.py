@@ -13,6 +13,7 @@ Default (the test):
              bench/..., python/..., docs/..., include/..., .ci/...) must exist, and every
              `--suite NAME` must be a suite some meson.build registers. These blocks install
              packages and build trees, so the test does not run them.
+  README.md's performance table and docs/performance.md's current table are the same.
 --run PAGE...: runs every ```sh block of the pages, in order, each with `bash -euo pipefail`,
   from the source root (use a scratch clone: they build, install and write files), and stops
   at the first failure.
@@ -106,6 +107,29 @@ def check_sh(code, where, args, suites):
     return "\n".join(errors) or None
 
 
+def current_table(path):
+    """The README's one performance table: the table whose header starts '| target (issue) |'."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for i, l in enumerate(lines):
+        if l.startswith("| target (issue) |"):
+            j = i
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+            return lines[i:j]
+    return None
+
+
+def same_current_table(root):
+    readme = current_table(os.path.join(root, "README.md"))
+    perf = current_table(os.path.join(root, "docs", "performance.md"))
+    if readme is None or perf is None:
+        return ["README.md and docs/performance.md must both show the current table ('| target (issue) |')"]
+    if readme != perf:
+        return ["README.md's performance table differs from docs/performance.md's; copy one onto the other"]
+    return []
+
+
 def run_sh(paths, root):
     for path in paths:
         for lang, code, line in blocks(path):
@@ -155,6 +179,7 @@ def main():
                 counts[lang] = counts.get(lang, 0) + 1
                 if err:
                     failures.append(err)
+    failures += same_current_table(root)
     for f in failures:
         print("FAIL " + f)
     print(f"{len(pages(root))} pages; blocks checked: " +
