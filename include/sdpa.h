@@ -1279,14 +1279,13 @@ typedef struct sdpa_cost_options {
     int32_t reserved0;  /**< must be 0 (SDPA_ERR_STRUCT_VERSION otherwise) */
 } sdpa_cost_options;
 
-/** @cond SDPA_INTERNAL */
-/* The bytes of a struct, in C and C++ (no old-style cast in C++); not part of the API. */
+/** The bytes of the struct at p, for the inline initialisers below (no old-style cast in C++);
+ *  an implementation detail, not for callers. */
 #ifdef __cplusplus
 #  define SDPA_BYTES_OF_(p) reinterpret_cast<unsigned char *>(p)
 #else
 #  define SDPA_BYTES_OF_(p) ((unsigned char *)(p))
 #endif
-/** @endcond */
 
 /** Zero *copts and set copts->struct_size = sizeof(sdpa_cost_options) (inline: the caller's size). */
 static inline void sdpa_cost_options_init(sdpa_cost_options *copts) {
