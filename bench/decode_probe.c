@@ -14,7 +14,7 @@
  *     THREADS > 0: the library's own threads; < 0: a caller sdpa_threadpool of -THREADS
  *             workers (no per-call thread start-up; default 1)
  *
- * Example (README "Why the misses"): decode-probe 4 256 f16 8 1 (K/V 4 MiB: cached compute),
+ * Example (docs/performance.md, "History"): decode-probe 4 256 f16 8 1 (K/V 4 MiB: cached compute),
  * decode-probe 8 1024 f16 8 1 and ... 8 1024 f16 8 -2 (streamed, 1 and 2 threads).
  * A scratch measurement aid, not a bench row: no floors, no reference check (sdpa-bench does
  * both); every call's status is checked. */

@@ -1,5 +1,10 @@
-/*
- * libsdpa: validated scaled dot-product attention for C, C++ and Python (ctypes).
+/**
+ * @file sdpa.h
+ * @brief libsdpa: validated scaled dot-product attention for C, C++ and Python (ctypes).
+ *
+ * The one public header of libsdpa, and its API reference: every function, type, enum value
+ * and macro below is documented here and in the generated reference (`ninja -C build docs`).
+ * The guides (semantics, serving, building, Python) are the pages of the repository's docs/.
  *
  *     out = softmax(softcap(scale * Q K^T) + bias, masked) V
  *
@@ -28,6 +33,13 @@
 
 /* ------------------------------------------------------------------ export */
 
+/**
+ * @def SDPA_API
+ * Marks the functions libsdpa exports: default visibility with GCC and Clang, dllexport while
+ * building the DLL (SDPA_BUILDING_DLL) and dllimport when using it on Windows, nothing with
+ * SDPA_STATIC. Every other symbol of the library is hidden. Define it before including sdpa.h
+ * to override.
+ */
 #ifndef SDPA_API
 #  if defined(_WIN32) || defined(__CYGWIN__)
 #    if defined(SDPA_BUILDING_DLL) && defined(SDPA_STATIC)
@@ -46,6 +58,16 @@
 #  endif
 #endif
 
+/**
+ * @def SDPA_NODISCARD
+ * Marks the functions whose sdpa_status must be looked at: GCC and Clang warn
+ * (-Wunused-result, on by default) when a call's result is ignored. A `(void)` cast silences
+ * Clang but not GCC (checked with GCC 12 and Clang 14, C and C++). What silences both:
+ * using the status (`if (sdpa_request_amx() != SDPA_OK) { ... }`, or `if (sdpa_x(...)) {}`),
+ * storing it in a variable that is then read or cast (`sdpa_status s = sdpa_x(...); (void)s;`),
+ * or `(void)!sdpa_x(...)`. Defining SDPA_NODISCARD as empty before including sdpa.h
+ * (`-DSDPA_NODISCARD=`) removes the attribute.
+ */
 #ifndef SDPA_NODISCARD
 #  if defined(__GNUC__) && __GNUC__ >= 4
 #    define SDPA_NODISCARD __attribute__((warn_unused_result))
@@ -60,12 +82,16 @@ extern "C" {
 
 /* ----------------------------------------------------------------- version */
 
+/** Major version of this header; the soname follows it (libsdpa.so.0). */
 #define SDPA_VERSION_MAJOR 0
+/** Minor version of this header: grows when functions or struct fields are added. */
 #define SDPA_VERSION_MINOR 5
+/** Patch version of this header. */
 #define SDPA_VERSION_PATCH 0
 /** MAJOR*1000000 + MINOR*1000 + PATCH (SQLite's scheme). */
 #define SDPA_VERSION_NUMBER \
     (SDPA_VERSION_MAJOR * 1000000 + SDPA_VERSION_MINOR * 1000 + SDPA_VERSION_PATCH)
+/** "MAJOR.MINOR.PATCH" of this header, as sdpa_version_string() gives the library's. */
 #define SDPA_VERSION_STRING "0.5.0"
 
 /** @return SDPA_VERSION_NUMBER of the library actually linked (not of this header). */
@@ -80,7 +106,7 @@ SDPA_API const char *sdpa_version_string(void);
  * may be added. The enum is int-sized (ctypes: c_int).
  */
 typedef enum sdpa_status {
-    SDPA_OK = 0,
+    SDPA_OK = 0,                     /**< success */
 
     /* 10-19: arguments */
     SDPA_ERR_NULL_POINTER = 10,      /**< a required pointer is NULL */
@@ -113,7 +139,7 @@ typedef enum sdpa_status {
     /* 60-69: internal */
     SDPA_ERR_INTERNAL = 60,          /**< a bug in libsdpa; please report it */
 
-    SDPA_STATUS_FORCE_INT32_ = 0x7FFFFFFF
+    SDPA_STATUS_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_status;
 
 /**
@@ -156,7 +182,7 @@ typedef enum sdpa_dtype {
     SDPA_DTYPE_F32 = 0,  /**< IEEE 754 binary32 (float) */
     SDPA_DTYPE_F16 = 1,  /**< IEEE 754 binary16 (numpy float16, _Float16), stored as its 16-bit encoding */
     SDPA_DTYPE_BF16 = 2, /**< bfloat16 (the top 16 bits of a binary32; torch.bfloat16) */
-    SDPA_DTYPE_FORCE_INT32_ = 0x7FFFFFFF
+    SDPA_DTYPE_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_dtype;
 
 /**
@@ -238,7 +264,10 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_strided(sdpa_tensor *view, 
 /**
  * Fill *view as a contiguous row-major (C-order) view of prod(shape) elements of `dtype` at
  * `data` (sdpa_tensor_init() for any dtype). (0.4)
+ * @param view  [out] the view; fully overwritten (also on failure, then as an empty view).
  * @param data  const: see sdpa_tensor_init_strided(); may be NULL only if prod(shape) == 0.
+ * @param dtype an sdpa_dtype.
+ * @param rank  1..SDPA_MAX_RANK.   @param shape [rank] sizes >= 0.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE (not an sdpa_dtype), SDPA_ERR_RANK,
  *         SDPA_ERR_SHAPE (negative size), SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_ALIGNMENT (0.6).
  */
@@ -290,7 +319,7 @@ typedef enum sdpa_alignment {
     /** p = i + query_offsets[b] (may be negative). ONNX Attention with a past of length P
      *  (offset P) or nonpad_kv_seqlen (offset nonpad[b] - L). */
     SDPA_ALIGN_OFFSETS = 2,
-    SDPA_ALIGN_FORCE_INT32_ = 0x7FFFFFFF
+    SDPA_ALIGN_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_alignment;
 
 /** What to do with a query row that has no allowed key. */
@@ -303,7 +332,7 @@ typedef enum sdpa_empty_rows {
      *  -inf); with sinks lse is the sink. Score stages of `weights` keep their scores
      *  (SDPA_WEIGHTS_MASKED: all -inf). */
     SDPA_EMPTY_ROWS_ZERO = 1,
-    SDPA_EMPTY_ROWS_FORCE_INT32_ = 0x7FFFFFFF
+    SDPA_EMPTY_ROWS_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_empty_rows;
 
 /** What the optional `weights` output holds. ONNX qk_matmul_output_mode in brackets: the
@@ -313,7 +342,7 @@ typedef enum sdpa_weights_stage {
     SDPA_WEIGHTS_SCORES = 1,        /**< scale * Q K^T for every pair (mode 0) */
     SDPA_WEIGHTS_SOFTCAPPED = 2,    /**< after softcap, before bias (mode 1) */
     SDPA_WEIGHTS_MASKED = 3,        /**< after softcap + bias, -inf wherever blocked (mode 2) */
-    SDPA_WEIGHTS_FORCE_INT32_ = 0x7FFFFFFF
+    SDPA_WEIGHTS_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_weights_stage;
 
 /** Which kernel sdpa_attention() runs (sdpa_options.kernel). AUTO picks by shape; a forced
@@ -328,7 +357,7 @@ typedef enum sdpa_kernel {
     SDPA_KERNEL_REFERENCE = 1, /**< one materialised score tile per row block (0.1's path) */
     SDPA_KERNEL_TILED = 2,     /**< FlashAttention-2 style tiles with online softmax */
     SDPA_KERNEL_DECODE = 3,    /**< small L (KV-cache decode): one pass over K and V, split over keys */
-    SDPA_KERNEL_FORCE_INT32_ = 0x7FFFFFFF
+    SDPA_KERNEL_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_kernel;
 
 /**
@@ -400,7 +429,7 @@ typedef enum sdpa_precision {
      *  PyTorch's CPU flash kernel do) and use bf16 dot products (AVX512-BF16 VDPBF16PS, AMX-BF16)
      *  when q and k are both bf16. With f32 V the probabilities stay float32. */
     SDPA_PRECISION_REDUCED = 2,
-    SDPA_PRECISION_FORCE_INT32_ = 0x7FFFFFFF
+    SDPA_PRECISION_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_precision;
 
 /** A task of a caller thread pool hook (sdpa_options.parallel_for): runs task number `task`. */
@@ -564,7 +593,7 @@ typedef struct sdpa_options {
      *  > 0, caps the threads used (pool size otherwise). */
     sdpa_threadpool *threadpool;
 
-    /* ---- appended in 0.5: paged K/V and packed variable-length batches (README "Serving") ---- */
+    /* ---- appended in 0.5: paged K/V and packed variable-length batches (docs/serving.md) ---- */
     /** Paged K/V (nullable; NULL = k and v are ordinary [B, Hkv, S, E] views). With a block
      *  table, k and v are block pools: k [num_blocks, Hkv, block_size, E] and v [num_blocks, Hkv,
      *  block_size, Ev], rank 4, any strides (vLLM's [num_blocks, block_size, Hkv, E] cache is the
@@ -739,6 +768,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_attention(const sdpa_tensor *q, const s
  * O(rows_per_block * S + S * (E + Ev)) floats. It is the same in every process for the same
  * arguments and CPU count (num_threads = 0): sized for the most threads the call may use,
  * whatever start-up cost a process measured (a call that starts fewer needs less).
+ * @param q       as it will be passed to sdpa_attention() (values are not read).
+ * @param k       likewise.   @param v likewise.   @param options likewise.
  * @param weights_requested nonzero if the call will pass a weights output.
  * @param bytes [out] the size.
  * @retval SDPA_OK or any validation error of sdpa_attention() that depends only on
@@ -770,14 +801,17 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_causal(uint8_t *out, int64_t L, in
 typedef enum sdpa_padding_side {
     SDPA_PAD_RIGHT = 0, /**< valid tokens first: position t valid iff t < length */
     SDPA_PAD_LEFT = 1,  /**< padding first: position t valid iff t >= N - length */
-    SDPA_PAD_FORCE_INT32_ = 0x7FFFFFFF
+    SDPA_PAD_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_padding_side;
 
 /**
  * Padding allow-mask [B, N] from per-batch valid lengths. View it as [B, 1, 1, S] for key
  * padding (N = S), or as [B, 1, L, 1] for query padding (N = L) and combine with
  * sdpa_mask_and(); rows with no key then need SDPA_EMPTY_ROWS_ZERO.
+ * @param out     [out] B * N bytes.
+ * @param B       number of sequences, >= 0.   @param N padded length, >= 0.
  * @param lengths [B], each in [0, N].
+ * @param side    SDPA_PAD_RIGHT or SDPA_PAD_LEFT.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_SHAPE (B or N < 0),
  *         SDPA_ERR_INVALID_ARGUMENT (length out of range, bad side), SDPA_ERR_SIZE_OVERFLOW
  */
@@ -801,8 +835,12 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_sliding_window(uint8_t *out, int64
  * cu_seqlens_k[n] .. cu_seqlens_k[n+1]-1; a query sees only the keys of its own sequence,
  * and with causal != 0 only those j <= p inside the block (p aligned per `alignment`
  * within the block). Lt = cu_seqlens_q[num_seqs], St = cu_seqlens_k[num_seqs].
+ * @param out          [out] Lt * St bytes.
+ * @param num_seqs     number of sequences, >= 0.
  * @param cu_seqlens_q [num_seqs + 1], starting at 0, non-decreasing.
  * @param cu_seqlens_k [num_seqs + 1] or NULL (= cu_seqlens_q, self-attention).
+ * @param causal       0 or 1: also the causal rule inside each block.
+ * @param alignment    SDPA_ALIGN_TOP_LEFT or SDPA_ALIGN_BOTTOM_RIGHT (per block).
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_INVALID_ARGUMENT (cu_seqlens not
  *         starting at 0 or decreasing, num_seqs < 0, causal not 0/1, alignment),
  *         SDPA_ERR_SIZE_OVERFLOW
@@ -876,6 +914,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_to_additive(const uint8_t *allow, 
 /**
  * Count the rows of an allow-mask (all dimensions but the last; the last is the key axis)
  * that allow no key. With a mask of shape [..., S], S = 0 makes every row empty.
+ * @param mask  the allow-mask (rank 1..SDPA_MASK_MAX_RANK).
  * @param empty_rows [out] number of empty rows.
  * @param first_empty [out, nullable] flat row-major index of the first empty row, or -1.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_RANK, SDPA_ERR_SHAPE, SDPA_ERR_SIZE_OVERFLOW,
@@ -918,6 +957,9 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mask_count_empty_rows(const sdpa_allow_
  * view of shape [1]). Any strides on inputs; outputs need the output layout rules of
  * sdpa_attention. In place is allowed: `out` may be exactly the view out_a or out_b (same data
  * and strides), and `lse` exactly lse_a or lse_b; any other overlap is SDPA_ERR_OVERLAP.
+ * @param out_a the part over key set A: out [..., Ev].   @param lse_a its lse [...].
+ * @param out_b the part over key set B, same shape.   @param lse_b its lse.
+ * @param out [out] the merged out [..., Ev].
  * @param lse [out] nullable.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
  *         SDPA_ERR_STRIDE, SDPA_ERR_OVERLAP, SDPA_ERR_SIZE_OVERFLOW,
@@ -1072,9 +1114,12 @@ static inline void sdpa_mha_options_init(sdpa_mha_options *options) {
  *   [bias_k; zero row] appended to k and v; attn = sdpa_attention with scale 1/sqrt(Dh)
  *   (query head h reads kv head h / (H/Hkv)); out = concat_heads(attn) W_o^T + b_o.
  *
- * @param query [B, L, E]; key [B, S, kdim]; value [B, S, vdim] (rank 3, any strides:
- *              PyTorch's batch_first=False [L, B, E] buffer is the view of shape [B, L, E]
- *              with strides {E, B*E, 1}). Self-attention passes the same view three times.
+ * @param params the layer's weights and configuration (sdpa_mha_params_init()).
+ * @param query [B, L, E] (rank 3, any strides: PyTorch's batch_first=False [L, B, E] buffer
+ *              is the view of shape [B, L, E] with strides {E, B*E, 1}). Self-attention
+ *              passes the same view as query, key and value.
+ * @param key   [B, S, kdim], any strides.
+ * @param value [B, S, vdim], any strides.
  * @param out   [out] [B, L, E].
  *              Dtypes: float32 views and weights only (float16/bfloat16 are SDPA_ERR_DTYPE).
  * @param attn_weights [out] nullable (need_weights=False): [B, L, S'] averaged over heads, or
@@ -1122,7 +1167,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_mha_workspace_size(const sdpa_mha_param
 
 /**
  * Ask Linux for this process's permission to use Intel AMX tile data (the application's
- * explicit opt-in; libsdpa never asks on its own: README, "Kernels, threads and workspace"). AMX-BF16 kernels are
+ * explicit opt-in; libsdpa never asks on its own: docs/performance.md, "Kernels"). AMX-BF16 kernels are
  * used only once permission is granted (see sdpa_amx_available()).
  *
  * What it enables (after 0.5.0): under SDPA_PRECISION_REDUCED, the tiled kernel computes the
@@ -1234,7 +1279,8 @@ typedef struct sdpa_cost_options {
     int32_t reserved0;  /**< must be 0 (SDPA_ERR_STRUCT_VERSION otherwise) */
 } sdpa_cost_options;
 
-/* The bytes of a struct, in C and C++ (no old-style cast in C++). */
+/** The bytes of the struct at p, for the inline initialisers below (no old-style cast in C++);
+ *  an implementation detail, not for callers. */
 #ifdef __cplusplus
 #  define SDPA_BYTES_OF_(p) reinterpret_cast<unsigned char *>(p)
 #else

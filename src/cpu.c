@@ -1,5 +1,5 @@
 /* CPU feature detection (one CPUID/XGETBV read per process) and the application's explicit AMX
- * opt-in (README, "Kernels, threads and workspace"): the library never requests AMX permission on its own. */
+ * opt-in (docs/serving.md, "Dtypes and precision"): the library never requests AMX permission on its own. */
 #include "cpu.h"
 #include "internal.h"
 

@@ -99,6 +99,8 @@ static void test_constructors_refuse_misaligned_data(void **state) {
             expect_alignment(sdpa_tensor_init_dtype(&v, buf + offs[o], DTYPES[t], 2, shape), "view");
             /* an empty view reads nothing: any address */
             assert_int_equal(sdpa_tensor_init_dtype(&v, buf + offs[o], DTYPES[t], 2, empty), SDPA_OK);
+            const int64_t inner_empty[2] = {2, 0}; /* empty through any axis, not only the first */
+            assert_int_equal(sdpa_tensor_init_dtype(&v, buf + offs[o], DTYPES[t], 2, inner_empty), SDPA_OK);
         }
         /* aligned to the element, not to more: accepted */
         sdpa_tensor v;

@@ -144,7 +144,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
         kernel may round probabilities to V's dtype and use bf16 dot products when q and k are
         bf16: AVX512-BF16, AMX after request_amx()); error bounds in include/sdpa.h.
 
-    Serving (libsdpa 0.5; README "Serving"):
+    Serving (libsdpa 0.5; docs/serving.md):
     sinks: float32 [Hq] attention-sink logits (gpt-oss sinks, vLLM s_aux, ONNX Runtime
         head_sink): exp(sinks[h]) joins each row's softmax denominator (and lse) only.
     alibi_slopes: float32 [Hq] or [B, Hq] ([num_seqs, Hq] when packed): s_ij -= slope *

@@ -1,5 +1,5 @@
 """Regression tests for the defects a new-user trial found (issue 11), one test each:
-ctypes_quickstart and a dangling build directory; README and python/README stating the same
+ctypes_quickstart and a dangling build directory; docs/python.md and python/README stating the same
 minimum library version; allow_from_keep_int(NaN) without a numpy warning; the 32-bit limit on
 L, S, E, Ev and its message; hints in Python keyword names. (out=[0]*10: test_interop.py;
 mha_from_pytorch from the repository root: examples/meson.build runs every example there.)"""
@@ -43,9 +43,9 @@ class DocumentedVersionTest(unittest.TestCase):
     def test_readmes_state_the_package_minimum(self):
         major, minor = _lib.EXPECTED_VERSION[:2]
         texts = {}
-        for rel in ("README.md", os.path.join("python", "README.md")):
+        for rel in (os.path.join("docs", "python.md"), os.path.join("python", "README.md")):
             path = os.path.join(ref.REPO, rel)
-            if os.path.exists(path):  # the installed-package run has no READMEs
+            if os.path.exists(path):  # the installed-package run has no docs
                 with open(path, encoding="utf-8") as fh:
                     texts[rel] = fh.read()
         texts["sdpa.__doc__"] = sdpa.__doc__

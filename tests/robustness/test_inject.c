@@ -134,7 +134,7 @@ static atomic_long g_blas_allocs;
 
 /* Whether code at `pc` belongs to the BLAS library. OpenBLAS 0.3.21 calls exit(1) when its own
  * malloc fails (level3_thread.c: "OpenBLAS: malloc failed in gemm_driver"), which no caller can
- * handle: those allocations are counted apart and never failed (see README, "How we test"). */
+ * handle: those allocations are counted apart and never failed (see docs/testing.md). */
 static int in_blas(void *pc)
 {
     Dl_info info;
