@@ -1,7 +1,11 @@
 #!/bin/sh
 # Bit-identity check (issue 28): run the bitid harness once per ISA cap (SDPA_MAX_ISA, one
-# process each) and compare its hashes with those recorded in expected.txt (0.5.0 = 9892fff
-# on the recording machine). A cap whose probe line (the tiled kernel's name under that cap)
+# process each) and compare its hashes with those recorded in expected.txt (e9b0d46, the tree
+# before the 0.6 core refactor, on an AVX-512 + AVX512-BF16 CPU). expected-0.5.0.txt holds
+# 0.5.0's (9892fff): it differs only in the groups that the documented changes after 0.5.0 move
+# (CHANGELOG "Unreleased": bf16 REDUCED P.V by VDPBF16PS, paged bf16 REDUCED on the bf16
+# kernels, packed dropout per sequence, decode's key split; bisected to the bf16pf merge 85c382c
+# for dense/tiled/bf16/reduced). A cap whose probe line (the tiled kernel's name under that cap)
 # differs from the recorded one is another CPU: skipped, not failed.
 #
 #   tests/bitid/check.sh BITID_EXE [EXPECTED]          compare (exit 1 on a difference)
