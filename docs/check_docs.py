@@ -157,6 +157,8 @@ def main():
     args = ap.parse_args()
     root = os.path.abspath(args.source_root)
     args.source_root = root
+    if args.lib:
+        args.lib = os.path.abspath(args.lib)  # meson may pass it relative to the build directory
     if args.run:
         return run_sh([os.path.abspath(p) for p in args.run], root)
     suites = meson_suites(root)
