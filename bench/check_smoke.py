@@ -31,6 +31,7 @@ Usage: check_smoke.py path/to/sdpa-bench --baseline|--no-baseline
 """
 import csv
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -99,20 +100,21 @@ def check_serving_row(row, c, where, not_run):
 def main():
     if len(sys.argv) != 3 or sys.argv[2] not in ("--baseline", "--no-baseline"):
         fail("usage: check_smoke.py path/to/sdpa-bench --baseline|--no-baseline")
-    exe = sys.argv[1]
+    # A cross build (cross/aarch64.txt) runs the program under meson's exe wrapper (qemu).
+    exe = shlex.split(os.environ.get("MESON_EXE_WRAPPER", "")) + [sys.argv[1]]
     baseline = sys.argv[2] == "--baseline"
-    st = subprocess.run([exe, "--self-test"], capture_output=True, text=True, timeout=60)
+    st = subprocess.run(exe + ["--self-test"], capture_output=True, text=True, timeout=60)
     print(st.stdout, end="")
     print(st.stderr, end="", file=sys.stderr)
     if st.returncode != 0 or "conversions ok" not in st.stdout:
         fail("sdpa-bench --self-test failed")
-    listing = subprocess.run([exe, "--smoke", "--list"], capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(exe + ["--smoke", "--list"], capture_output=True, text=True, check=True).stdout
     cases = [ln.split() for ln in listing.splitlines() if ln.strip()]
     if not cases or any(len(c) < 2 for c in cases):
         fail("--smoke --list printed no shape, or a shape without dtypes")
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = os.path.join(tmp, "smoke.csv")
-        r = subprocess.run([exe, "--smoke", "--csv", csv_path], capture_output=True, text=True, timeout=100)
+        r = subprocess.run(exe + ["--smoke", "--csv", csv_path], capture_output=True, text=True, timeout=100)
         print(r.stdout, end="")
         print(r.stderr, end="", file=sys.stderr)
         if r.returncode != 0:

@@ -59,10 +59,10 @@
 #include <unistd.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-
-#include "bench_clock.h"
 #define SDPA_BENCH_X86 1
 #endif
+
+#include "bench_clock.h" /* every platform (it was inside the x86 block: no build elsewhere) */
 
 #define MAX_THREADS_LIST 16
 #define MAX_REPS 1000

@@ -348,7 +348,8 @@ typedef enum sdpa_weights_stage {
 /** Which kernel sdpa_attention() runs (sdpa_options.kernel). AUTO picks by shape; a forced
  *  kernel that cannot serve the call fails with SDPA_ERR_UNSUPPORTED (nothing written).
  *  All kernels give the same results within float32 rounding; with the same kernel, the
- *  same SIMD set (see sdpa_last_kernel(); SDPA_MAX_ISA=portable|avx2|avx512|amx in the environment
+ *  same SIMD set (see sdpa_last_kernel(); SDPA_MAX_ISA=portable|avx2|avx512|amx on x86-64,
+ *  portable|neon on aarch64, in the environment
  *  caps it, read once per process, at the first call that runs a kernel) and the same inputs, the result does not depend on num_threads
  *  (bit for bit). AUTO: reference when weights are requested, decode for L <= 4, else tiled.
  *  TILED and DECODE produce no weights (forcing them with weights is SDPA_ERR_UNSUPPORTED). */

@@ -94,7 +94,7 @@ static inline uint16_t sdpa__f32_to_f16(float x) {
 /* ---- the per-ISA table ---- */
 
 typedef struct sdpa__convert {
-    const char *name; /* "portable", "avx2-f16c", "avx512", "avx512-bf16" */
+    const char *name; /* "portable", "avx2-f16c", "avx512", "avx512-bf16", "neon" */
     /* dst[t] = widen(src[t * stride]) for t < n; dst contiguous floats. Any stride (0, negative). */
     void (*widen_f16)(const uint16_t *src, ptrdiff_t stride, int64_t n, float *dst);
     void (*widen_bf16)(const uint16_t *src, ptrdiff_t stride, int64_t n, float *dst);
@@ -124,6 +124,13 @@ bool sdpa__avx512_finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n);
 /* The AVX-512 table whose narrow_bf16 uses VCVTNEPS2BF16 (with a fix-up of denormal inputs,
  * which that instruction reads as zero). src/convert_avx512bf16.c (-mavx512bf16). */
 extern const sdpa__convert sdpa__convert_avx512bf16;
+#endif
+
+#if defined(SDPA_HAVE_CONVERT_NEON)
+/* aarch64 Advanced SIMD: widen f16 by FCVTL, bf16 by SHLL; narrow in integer lanes (the scalar
+ * rules above, so neither FPCR's rounding mode nor its flush-to-zero bits can change a result).
+ * src/convert_neon.c. */
+extern const sdpa__convert sdpa__convert_neon;
 #endif
 
 /* ---- row helpers over any storage dtype (what the loaders call) ---- */

@@ -1,5 +1,6 @@
-/* CPU feature detection (one CPUID/XGETBV read per process) and the application's explicit AMX
- * opt-in (docs/serving.md, "Dtypes and precision"): the library never requests AMX permission on its own. */
+/* CPU feature detection (one CPUID/XGETBV read per process on x86-64, one getauxval read on
+ * aarch64 Linux) and the application's explicit AMX opt-in (docs/serving.md, "Dtypes and
+ * precision"): the library never requests AMX permission on its own. */
 #include "cpu.h"
 #include "internal.h"
 
@@ -13,6 +14,17 @@
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define SDPA__X86 1
 #include <cpuid.h>
+#endif
+
+#if defined(__linux__) && defined(__aarch64__)
+#define SDPA__ARM64 1
+#include <sys/auxv.h> /* getauxval; the HWCAP bits are the kernel's ABI (asm/hwcap.h) */
+#define SDPA__HWCAP_FP (1ul << 0)
+#define SDPA__HWCAP_ASIMD (1ul << 1)
+#define SDPA__HWCAP_FPHP (1ul << 9)
+#define SDPA__HWCAP_ASIMDHP (1ul << 10)
+#define SDPA__HWCAP_ASIMDDP (1ul << 20)
+#define SDPA__HWCAP2_BF16 (1ul << 14)
 #endif
 
 #if defined(__linux__) && defined(SDPA__X86)
@@ -82,6 +94,15 @@ static void detect(void) {
         c.amx_bf16 = c.amx_tile && ((d7 >> 22) & 1u);
     }
 #endif
+#if defined(SDPA__ARM64)
+    /* Linux reports what the CPU has and the kernel enables (the SIMD registers are always
+     * saved on aarch64): no instruction is probed. */
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    c.asimd = (hw & SDPA__HWCAP_FP) && (hw & SDPA__HWCAP_ASIMD);
+    c.fp16 = c.asimd && (hw & SDPA__HWCAP_FPHP) && (hw & SDPA__HWCAP_ASIMDHP);
+    c.bf16 = c.asimd && (hw2 & SDPA__HWCAP2_BF16);
+    c.dotprod = c.asimd && (hw & SDPA__HWCAP_ASIMDDP);
+#endif
     cpu_features = c;
 }
 
@@ -96,6 +117,7 @@ bool sdpa__cpu_has_isa(int isa) {
     case SDPA__ISA_PORTABLE: return true;
     case SDPA__ISA_AVX2: return c->avx2 && c->fma && c->f16c;
     case SDPA__ISA_AVX512: return c->avx2 && c->fma && c->f16c && c->avx512f && c->avx512bw && c->avx512vl;
+    case SDPA__ISA_NEON: return c->asimd;
     default: return false;
     }
 }
@@ -105,16 +127,17 @@ const char *sdpa__isa_name(int isa) {
     case SDPA__ISA_PORTABLE: return "portable";
     case SDPA__ISA_AVX2: return "avx2";
     case SDPA__ISA_AVX512: return "avx512";
+    case SDPA__ISA_NEON: return "neon";
     default: return "unknown";
     }
 }
 
 /* ------------------------------------------------------------------- AMX */
 
+#if defined(__linux__) && defined(SDPA__X86)
 /* Permission, once granted, lasts for the life of the process: remember a positive answer. */
 static atomic_int amx_granted;
 
-#if defined(__linux__) && defined(SDPA__X86)
 static bool amx_permitted(void) {
     if (atomic_load_explicit(&amx_granted, memory_order_acquire))
         return true;

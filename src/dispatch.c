@@ -16,6 +16,9 @@ static const sdpa__mk *const g_tables[SDPA__ISA_COUNT][SDPA__MK_DTYPE_COUNT] = {
 #if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
     [SDPA__ISA_AVX512] = {[SDPA__MK_F32] = &sdpa__mk_avx512},
 #endif
+#if defined(SDPA_HAVE_NEON)
+    [SDPA__ISA_NEON] = {[SDPA__MK_F32] = &sdpa__mk_neon},
+#endif
 };
 
 #if defined(SDPA_HAVE_MK_AVX512BF16) && defined(SDPA_HAVE_AVX512)
@@ -38,6 +41,7 @@ static const sdpa__mk_bf16 g_mk_amx = {"tiled-amx-bf16",        "decode-avx512bf
 #endif
 /* [isa] of the bf16 column; NULL where there is none. */
 static const sdpa__mk_bf16 *const g_bf16_tables[SDPA__ISA_COUNT] = {
+    [SDPA__ISA_PORTABLE] = NULL,
 #if defined(SDPA_HAVE_MK_AVX512BF16) && defined(SDPA_HAVE_AVX512)
     [SDPA__ISA_AVX512] = &g_mk_avx512bf16,
 #endif
@@ -53,9 +57,14 @@ static bool g_process_amx = true;                    /* SDPA_MAX_ISA unset or "a
 static atomic_int g_test_amx = 1;                    /* sdpa__dispatch_set_amx_for_testing */
 
 /* The best level of the micro-kernel tables this build has and the CPU runs (cpu.h's one
- * CPUID/XGETBV read: AVX2 needs AVX2 + FMA + F16C, AVX512 also AVX-512 F/BW/VL). */
+ * CPUID/XGETBV read: AVX2 needs AVX2 + FMA + F16C, AVX512 also AVX-512 F/BW/VL; on aarch64
+ * its one getauxval read: NEON needs ASIMD). */
 static sdpa__isa cpu_isa(void) {
     sdpa__isa best = SDPA__ISA_PORTABLE;
+#if defined(SDPA_HAVE_NEON)
+    if (sdpa__cpu_has_isa(SDPA__ISA_NEON))
+        best = SDPA__ISA_NEON;
+#endif
 #if defined(SDPA_HAVE_AVX2)
     if (sdpa__cpu_has_isa(SDPA__ISA_AVX2))
         best = SDPA__ISA_AVX2;
@@ -67,14 +76,34 @@ static sdpa__isa cpu_isa(void) {
     return best;
 }
 
+/* The level an SDPA_MAX_ISA value caps at, or -1 for no cap: "portable" everywhere; "avx2"
+ * and "avx512" on x86-64, "neon" on aarch64. A name of the other architecture caps nothing,
+ * as an unknown value (README: SDPA_MAX_ISA). */
+static int cap_level(const char *cap) {
+    if (cap == NULL)
+        return -1;
+    if (strcmp(cap, "portable") == 0)
+        return SDPA__ISA_PORTABLE;
+#if defined(__x86_64__) || defined(__i386__)
+    if (strcmp(cap, "avx2") == 0)
+        return SDPA__ISA_AVX2;
+    if (strcmp(cap, "avx512") == 0)
+        return SDPA__ISA_AVX512;
+#endif
+#if defined(__aarch64__)
+    if (strcmp(cap, "neon") == 0)
+        return SDPA__ISA_NEON;
+#endif
+    return -1;
+}
+
 static void detect(void) {
     g_cpu_isa = cpu_isa();
     g_process_isa = g_cpu_isa;
     const char *cap = getenv("SDPA_MAX_ISA"); /* once per process */
-    if (cap != NULL && strcmp(cap, "portable") == 0)
-        g_process_isa = SDPA__ISA_PORTABLE;
-    else if (cap != NULL && strcmp(cap, "avx2") == 0 && g_process_isa > SDPA__ISA_AVX2)
-        g_process_isa = SDPA__ISA_AVX2;
+    const int level = cap_level(cap);
+    if (level >= 0 && level < (int)g_process_isa)
+        g_process_isa = (sdpa__isa)level;
     /* "avx512" (or lower) leaves AMX out; "amx", unset or another value does not */
     g_process_amx = !(cap != NULL && (strcmp(cap, "portable") == 0 || strcmp(cap, "avx2") == 0 ||
                                       strcmp(cap, "avx512") == 0));
@@ -103,6 +132,9 @@ static const sdpa__mk_kv *const g_kv_tables[SDPA__ISA_COUNT] = {
 #endif
 #if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
     [SDPA__ISA_AVX512] = sdpa__mk_kv_avx512,
+#endif
+#if defined(SDPA_HAVE_NEON)
+    [SDPA__ISA_NEON] = sdpa__mk_kv_neon,
 #endif
 };
 
@@ -169,6 +201,10 @@ const sdpa__convert *sdpa__convert_exact(int isa) {
             return &sdpa__convert_avx512bf16;
 #endif
         return &sdpa__convert_avx512;
+#endif
+#if defined(SDPA_HAVE_CONVERT_NEON)
+    case SDPA__ISA_NEON:
+        return sdpa__cpu_has_isa(SDPA__ISA_NEON) ? &sdpa__convert_neon : NULL;
 #endif
     default:
         return NULL;

@@ -1,16 +1,19 @@
 /* Instruction-set dispatch (dispatch.c): the ISA is chosen once per process (pthread_once): the
- * best the CPU supports (AVX-512F, else AVX2 with FMA, else portable C), capped by the
- * environment variable SDPA_MAX_ISA ("portable", "avx2" or "avx512"), which is read once, at
- * the first call that needs a micro-kernel. Micro-kernel tables are looked up by [isa][dtype]:
- * a new ISA is one row, a new storage dtype's micro-kernels one column (see load.h for the
- * loader side of a dtype). Reading CPUID is not state a caller can see; nothing else is cached. */
+ * best the CPU supports (x86-64: AVX-512F, else AVX2 with FMA, else portable C; aarch64: NEON,
+ * else portable C), capped by the environment variable SDPA_MAX_ISA ("portable", "avx2" or
+ * "avx512" on x86-64, "portable" or "neon" on aarch64), which is read once, at the first call
+ * that needs a micro-kernel. Micro-kernel tables are looked up by [isa][dtype]: a new ISA is one
+ * row, a new storage dtype's micro-kernels one column (see load.h for the loader side of a
+ * dtype). Reading CPUID (getauxval on aarch64) is not state a caller can see; nothing else is
+ * cached. */
 #ifndef SDPA_DISPATCH_H
 #define SDPA_DISPATCH_H
 
 #include "cpu.h"
 #include "microkernel.h"
 
-/* ISA levels: SDPA__ISA_PORTABLE, _AVX2, _AVX512 (cpu.h, whose one CPUID read decides them). */
+/* ISA levels: SDPA__ISA_PORTABLE, _AVX2, _AVX512, _NEON (cpu.h, whose one CPUID / getauxval
+ * read decides them). */
 typedef int sdpa__isa;
 
 /* Micro-kernel dtypes: the dtype of the tiles the loaders hand to the micro-kernels (only f32

@@ -112,6 +112,9 @@ extern const sdpa__mk_kv sdpa__mk_kv_avx2[3]; /* -mavx2 -mfma -mf16c */
 #if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
 extern const sdpa__mk_kv sdpa__mk_kv_avx512[3]; /* -mavx512f -mavx512bw -mavx512vl */
 #endif
+#if defined(SDPA_HAVE_NEON)
+extern const sdpa__mk_kv sdpa__mk_kv_neon[3]; /* aarch64 Advanced SIMD (baseline of armv8-a) */
+#endif
 
 extern const sdpa__mk sdpa__mk_portable;
 #if defined(SDPA_HAVE_AVX2)
@@ -130,6 +133,9 @@ void sdpa__avx2_unpack_lanes(const float *t, int64_t ld, int64_t nrows, int64_t 
 #endif
 #if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
 extern const sdpa__mk sdpa__mk_avx512; /* src/microkernel_avx512.c, built with -mavx512f */
+#endif
+#if defined(SDPA_HAVE_NEON)
+extern const sdpa__mk sdpa__mk_neon; /* src/microkernel_neon.c (aarch64 only) */
 #endif
 
 /* Whether every element of a strided vector is finite (any stride; unit stride goes through

@@ -28,7 +28,20 @@
  * back-off). After a cache flush (sdpa-bench threadpool-warm) polling gains more: 0.28 vs
  * 0.43 ms.
  * fork(): the workers do not exist in a child; a call there runs on the calling thread alone
- * (the region's tasks are all claimed by it), and destroy frees the memory without joining. */
+ * (the region's tasks are all claimed by it), and destroy frees the memory without joining.
+ *
+ * Memory ordering (C11, explicit, for weakly ordered CPUs such as aarch64): mu orders every
+ * access made under it (a lock acquires, an unlock releases), so the accesses of gen,
+ * remaining and stop under mu could be relaxed; the polls read them without mu, so:
+ *  - the caller's release increment of gen (after it wrote job, ctx, njobs, remaining) pairs
+ *    with a polling worker's acquire load of gen: a worker that saw the new generation sees
+ *    the call (it still re-reads everything under mu before it runs the job);
+ *  - each worker's release decrement of remaining (after its job returned) pairs with the
+ *    polling caller's acquire load that sees 0 (the decrements form one release sequence, so
+ *    that load synchronises with every worker's): the caller sees every job's writes (the
+ *    region's outputs) before sdpa__threadpool_run returns; the caller then takes mu as well;
+ *  - stop: written under mu with release, polled with acquire; a worker that saw it takes mu
+ *    before it acts on it. */
 #include "internal.h"
 
 #include <pthread.h>
@@ -41,6 +54,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define SDPA__CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__) && defined(__GNUC__)
+#define SDPA__CPU_RELAX() __asm__ volatile("yield" ::: "memory") /* the spin-wait hint */
 #else
 #define SDPA__CPU_RELAX() ((void)0)
 #endif
@@ -91,8 +106,10 @@ static int poll_until(sdpa_threadpool *pool, int64_t budget_ns, const atomic_uin
         return 0;
     int64_t deadline = 0;
     for (unsigned i = 0;; ++i) {
+        /* acquire: gen pairs with the caller's release increment, stop with stop_and_join's
+         * release store, remaining with the workers' release decrements (top of the file) */
         if (gen != NULL ? atomic_load_explicit(gen, memory_order_acquire) != seen ||
-                              atomic_load_explicit(&pool->stop, memory_order_relaxed)
+                              atomic_load_explicit(&pool->stop, memory_order_acquire)
                         : atomic_load_explicit(remaining, memory_order_acquire) == 0)
             return 1;
         SDPA__CPU_RELAX();
@@ -129,18 +146,21 @@ static void *worker_main(void *arg) {
     long switches = involuntary_switches();
     int64_t quiet_until = 0, quiet = QUIET_NS;
     for (;;) {
-        while (atomic_load(&pool->gen) == seen && !atomic_load(&pool->stop))
+        /* under mu: relaxed loads (mu orders them with the caller's writes) */
+        while (atomic_load_explicit(&pool->gen, memory_order_relaxed) == seen &&
+               !atomic_load_explicit(&pool->stop, memory_order_relaxed))
             pthread_cond_wait(&pool->go, &pool->mu);
-        if (atomic_load(&pool->stop))
+        if (atomic_load_explicit(&pool->stop, memory_order_relaxed))
             break;
-        seen = atomic_load(&pool->gen);
+        seen = atomic_load_explicit(&pool->gen, memory_order_relaxed);
         if (k < pool->njobs) {
             void (*job)(void *, int64_t) = pool->job;
             void *ctx = pool->ctx;
             pthread_mutex_unlock(&pool->mu);
             job(ctx, k);
             pthread_mutex_lock(&pool->mu);
-            if (atomic_fetch_sub(&pool->remaining, 1) == 1)
+            /* release: the job's writes, for the caller's acquire poll of remaining */
+            if (atomic_fetch_sub_explicit(&pool->remaining, 1, memory_order_release) == 1)
                 pthread_cond_signal(&pool->done);
         }
         /* Poll for the next call before sleeping on go (the loop's condition re-checks it). */
@@ -165,8 +185,8 @@ static void *worker_main(void *arg) {
 
 static void stop_and_join(sdpa_threadpool *pool, int started) {
     pthread_mutex_lock(&pool->mu);
-    atomic_store(&pool->stop, 1);
-    atomic_fetch_add(&pool->gen, 1);
+    atomic_store_explicit(&pool->stop, 1, memory_order_release); /* for the workers' polls */
+    atomic_fetch_add_explicit(&pool->gen, 1, memory_order_release);
     pthread_cond_broadcast(&pool->go);
     pthread_mutex_unlock(&pool->mu);
     for (int t = 0; t < started; ++t)
@@ -269,8 +289,8 @@ void sdpa__threadpool_run(sdpa_threadpool *pool, int njobs, void (*job)(void *ct
     pool->job = job;
     pool->ctx = ctx;
     pool->njobs = njobs;
-    atomic_store(&pool->remaining, njobs - 1);
-    atomic_fetch_add(&pool->gen, 1);
+    atomic_store_explicit(&pool->remaining, njobs - 1, memory_order_relaxed); /* published by: */
+    atomic_fetch_add_explicit(&pool->gen, 1, memory_order_release); /* pairs with the workers' acquire polls */
     pthread_cond_broadcast(&pool->go);
     pthread_mutex_unlock(&pool->mu);
     job(ctx, 0);
@@ -286,7 +306,7 @@ void sdpa__threadpool_run(sdpa_threadpool *pool, int njobs, void (*job)(void *ct
         }
     }
     pthread_mutex_lock(&pool->mu);
-    while (atomic_load(&pool->remaining) > 0)
+    while (atomic_load_explicit(&pool->remaining, memory_order_relaxed) > 0) /* under mu */
         pthread_cond_wait(&pool->done, &pool->mu);
     pthread_mutex_unlock(&pool->mu);
     pthread_mutex_unlock(&pool->call_lock);

@@ -61,7 +61,25 @@ double sdpa__thread_work_scale(const sdpa__exec *ex, int64_t threads) {
  * Phase k's tasks are claimed dynamically by every thread of the region; the thread that
  * finishes phase k's last task runs its gate and then opens the next phase, so a thread waits
  * only for tasks that other running threads have claimed and are executing: a hook that runs
- * its jobs one after the other (or a thread that never started) cannot deadlock the region. */
+ * its jobs one after the other (or a thread that never started) cannot deadlock the region.
+ *
+ * Memory ordering (C11; written for weakly ordered CPUs such as aarch64, where a plain store
+ * may become visible to another core after a later one). What must be seen, and by whom:
+ *  (a) the outputs (and partial results) of phase k's tasks by every task of a later phase
+ *      (the gate reads them too): each task ends with a release increment of done[k]
+ *      (acq_rel); the increment that completes the phase acquires all of them (the increments
+ *      form one release sequence), runs the gate and publishes with a release store of open;
+ *      a thread starts phase k + 1's tasks only after an acquire load of open that saw it;
+ *  (b) every task's writes by the calling thread when the call returns: the built-in threads
+ *      release-increment `left` after their last task and the caller acquire-loads it (then
+ *      joins); a pool's workers release-decrement its `remaining` (threadpool.c); a hook's
+ *      caller acquire-loads open, which the last phase's completion stored (a);
+ *  (c) the region itself (phases, contexts, counters at 0) by every thread: pthread_create, the
+ *      pool's mutex, or the hook's own hand-over of its jobs (any of which synchronises).
+ * next[k] is a ticket counter (relaxed: a fetch_add is atomic at any ordering and orders
+ * nothing else); ran[] and bad_job are diagnostics of a hook's contract, read by the caller
+ * after the hook returned (relaxed: a hook that ran jobs without synchronising with its
+ * return already leaves the outputs undefined, which the caller then reports). */
 
 typedef struct region {
     const sdpa__phase *ph;
@@ -84,6 +102,7 @@ static void relax(int *spins) {
 static void phase_complete(region *r, int k) {
     for (;;) {
         const sdpa__phase *ph = &r->ph[k];
+        /* each store of open releases what this thread acquired through done[k] (a) */
         if (ph->gate != NULL && !ph->gate(ph->gate_ctx)) {
             atomic_store_explicit(&r->open, r->nph + 1, memory_order_release);
             return;
@@ -103,6 +122,7 @@ static void phase_complete(region *r, int k) {
 static void region_work(region *r, int thread_index) {
     for (int k = 0; k < r->nph; ++k) {
         int open, spins = 0;
+        /* acquire: pairs with phase_complete's release store (a) */
         while ((open = atomic_load_explicit(&r->open, memory_order_acquire)) <= k)
             relax(&spins);
         if (open > r->nph)
@@ -113,6 +133,8 @@ static void region_work(region *r, int thread_index) {
             if (t >= ph->ntasks)
                 break;
             ph->fn(ph->ctx, t, thread_index);
+            /* release: this task's writes; acquire: the other tasks' of the phase, for the
+             * thread whose increment completes it (a) */
             if ((int64_t)atomic_fetch_add_explicit(&r->done[k], 1, memory_order_acq_rel) + 1 == ph->ntasks)
                 phase_complete(r, k);
         }
@@ -129,7 +151,9 @@ static void *thread_main(void *arg) {
     region_arg *a = (region_arg *)arg;
     atomic_int *left = a->left;
     region_work(a->r, a->thread_index);
-    atomic_fetch_add_explicit(left, 1, memory_order_release); /* touches nothing of the call after this */
+    /* release: pairs with the caller's acquire load of left (b); touches nothing of the call
+     * after this */
+    atomic_fetch_add_explicit(left, 1, memory_order_release);
     return NULL;
 }
 
@@ -138,8 +162,9 @@ static void *thread_main(void *arg) {
 static void region_job(void *ctx, int64_t k) {
     region *r = (region *)ctx;
     if (k < 0 || k >= r->njobs || atomic_exchange_explicit(&r->ran[k], 1, memory_order_relaxed)) {
-        int none = -1;
-        atomic_compare_exchange_strong(&r->bad_job, &none, k < 0 || k >= r->njobs ? -2 : (int)k);
+        int none = -1; /* the first bad job is kept (relaxed: a diagnostic, above) */
+        atomic_compare_exchange_strong_explicit(&r->bad_job, &none, k < 0 || k >= r->njobs ? -2 : (int)k,
+                                                memory_order_relaxed, memory_order_relaxed);
         return;
     }
     region_work(r, (int)k);
@@ -160,6 +185,7 @@ sdpa_status sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__pha
         most = ph[k].ntasks > most ? ph[k].ntasks : most;
     }
     atomic_init(&r.open, 0);
+    /* relaxed: no other thread exists yet; their start publishes the region (c) */
     if (ph[0].ntasks > 0)
         atomic_store_explicit(&r.open, 1, memory_order_relaxed);
     else
@@ -200,6 +226,7 @@ sdpa_status sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__pha
                                   "%s: the parallel_for hook returned without running task %d (it "
                                   "must run every task in [0, %d) exactly once; the outputs are undefined)", fn, k,
                                   nthreads);
+        /* acquire: pairs with the release store of the last phase's completion (b) */
         if (atomic_load_explicit(&r.open, memory_order_acquire) <= nph)
             return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
                               "%s: the parallel_for hook returned before its tasks had returned "
@@ -223,7 +250,7 @@ sdpa_status sdpa__run_phases(const sdpa__exec *ex, int nthreads, const sdpa__pha
     /* Wait for the threads' last tasks awake (as region_work waits for a phase), then join: a
      * joiner asleep in the kernel wakes late on a VM (its vCPU halted), and the join itself is
      * then short (the threads are exiting). */
-    for (int spins = 0; atomic_load_explicit(&left, memory_order_acquire) < started;)
+    for (int spins = 0; atomic_load_explicit(&left, memory_order_acquire) < started;) /* (b) */
         relax(&spins);
     for (int t = 1; t <= started; ++t)
         pthread_join(tid[t], NULL);

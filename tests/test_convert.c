@@ -22,6 +22,19 @@
 #include <xmmintrin.h>
 #define HAVE_MXCSR 1
 #endif
+#if defined(__aarch64__) && defined(__GNUC__)
+#define HAVE_FPCR 1
+#if defined(__linux__)
+#include <sys/auxv.h>
+#endif
+static uint64_t get_fpcr(void)
+{
+    uint64_t r;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(r));
+    return r;
+}
+static void set_fpcr(uint64_t r) { __asm__ volatile("msr fpcr, %0" : : "r"(r)); }
+#endif
 
 #include "convert.h"
 #include "cpu.h"
@@ -35,7 +48,7 @@ typedef struct table_entry {
     const char *missing; /* why not, when t is NULL */
 } table_entry;
 
-static table_entry g_tables[4];
+static table_entry g_tables[5];
 static int g_ntables;
 
 static void collect_tables(void)
@@ -44,6 +57,15 @@ static void collect_tables(void)
         return;
     const sdpa__cpu *c = sdpa__cpu_features();
     g_tables[g_ntables++] = (table_entry){&sdpa__convert_portable, "portable", NULL};
+#if defined(__aarch64__)
+    (void)c;
+#if defined(SDPA_HAVE_CONVERT_NEON)
+    g_tables[g_ntables++] = (table_entry){sdpa__cpu_has_isa(SDPA__ISA_NEON) ? &sdpa__convert_neon : NULL, "neon",
+                                          "CPU lacks ASIMD"};
+#else
+    g_tables[g_ntables++] = (table_entry){NULL, "neon", "not built"};
+#endif
+#else /* x86-64 */
 #if defined(SDPA_HAVE_CONVERT_AVX2)
     g_tables[g_ntables++] = (table_entry){sdpa__cpu_has_isa(SDPA__ISA_AVX2) ? &sdpa__convert_avx2 : NULL,
                                           "avx2-f16c", "CPU lacks AVX2/FMA/F16C"};
@@ -64,6 +86,7 @@ static void collect_tables(void)
     (void)c;
     g_tables[g_ntables++] = (table_entry){NULL, "avx512-bf16", "not built (compiler lacks -mavx512bf16)"};
 #endif
+#endif /* x86-64 */
     int run = 0;
     for (int i = 0; i < g_ntables; ++i) {
         if (g_tables[i].t != NULL) {
@@ -612,6 +635,14 @@ static void table_choice_follows_cpu(void **state)
     assert_int_equal(c->avx512vl, __builtin_cpu_supports("avx512vl") != 0);
     assert_int_equal(c->avx512bf16, __builtin_cpu_supports("avx512bf16") != 0);
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+    printf("cpu: asimd=%d fp16=%d bf16=%d dotprod=%d\n", c->asimd, c->fp16, c->bf16, c->dotprod);
+    /* cross-check against the auxiliary vector (HWCAP_ASIMD bit 1, HWCAP2_BF16 bit 14) */
+    assert_int_equal(c->asimd, (getauxval(AT_HWCAP) & (1ul << 1)) != 0);
+    assert_int_equal(c->bf16, (getauxval(AT_HWCAP2) & (1ul << 14)) != 0);
+    assert_int_equal(sdpa__cpu_has_isa(SDPA__ISA_NEON), c->asimd);
+    assert_false(sdpa__cpu_has_isa(SDPA__ISA_AVX2));
+#endif
 }
 
 /* The row helpers over every dtype equal the element-wise scalar conversions, with strided,
@@ -696,12 +727,13 @@ static void row_helpers_match_scalar(void **state)
 }
 
 /* The caller's floating-point environment does not change a conversion: with MXCSR's DAZ and FTZ
- * set (denormals read and written as zero by SSE/AVX arithmetic), every table still gives the
- * portable table's bits, which are computed with integer operations only. */
+ * set (denormals read and written as zero by SSE/AVX arithmetic), or on aarch64 with FPCR's FZ
+ * set and its rounding mode toward zero, every table still gives the portable table's bits,
+ * which are computed with integer operations only. */
 static void conversions_ignore_daz_ftz(void **state)
 {
     (void)state;
-#if defined(HAVE_MXCSR)
+#if defined(HAVE_MXCSR) || defined(HAVE_FPCR)
     collect_tables();
     enum { N = 1 << 18 };
     uint16_t *h = malloc(N * 2), *want16 = malloc(N * 2), *got16 = malloc(N * 2);
@@ -721,11 +753,21 @@ static void conversions_ignore_daz_ftz(void **state)
                 continue;
             (d ? p->widen_bf16 : p->widen_f16)(h, 1, N, wantf);
             (d ? p->narrow_bf16 : p->narrow_f16)(f, N, want16, 1);
+#if defined(HAVE_MXCSR)
             const unsigned saved = _mm_getcsr();
             _mm_setcsr(saved | 0x8040u); /* FTZ | DAZ */
             (d ? t->widen_bf16 : t->widen_f16)(h, 1, N, gotf);
             (d ? t->narrow_bf16 : t->narrow_f16)(f, N, got16, 1);
             _mm_setcsr(saved);
+#else
+            /* FPCR: FZ (bit 24, flush single-precision denormals) and RMode (bits 22-23) =
+             * toward zero; FCVTN would round in that mode */
+            const uint64_t saved = get_fpcr();
+            set_fpcr(saved | (1ull << 24) | (3ull << 22));
+            (d ? t->widen_bf16 : t->widen_f16)(h, 1, N, gotf);
+            (d ? t->narrow_bf16 : t->narrow_f16)(f, N, got16, 1);
+            set_fpcr(saved);
+#endif
             for (int i = 0; i < N; ++i) {
                 if (fbits(gotf[i]) != fbits(wantf[i]))
                     fail_msg("%s under DAZ/FTZ: widen %s 0x%04x -> 0x%08x, expected 0x%08x", g_tables[ti].name,
@@ -743,7 +785,7 @@ static void conversions_ignore_daz_ftz(void **state)
     free(wantf);
     free(gotf);
 #else
-    printf("DAZ/FTZ check not run: not an x86 build\n");
+    printf("DAZ/FTZ check not run: neither an x86-64 nor an aarch64 build\n");
 #endif
 }
 

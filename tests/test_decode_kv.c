@@ -218,7 +218,7 @@ static void test_stored_kv(void **state) {
     int isas = 0;
     for (int isa = SDPA__ISA_PORTABLE; isa < SDPA__ISA_COUNT; ++isa) {
         if (!sdpa__cpu_has_isa(isa)) {
-            printf("# isa %d: not run (the CPU lacks it)\n", isa);
+            printf("# isa %s: not run (the CPU lacks it)\n", sdpa__isa_name(isa));
             continue;
         }
         ++isas;

@@ -7,16 +7,27 @@
 
 #include "sdpa.h"
 
-static int cpu_level(void) {
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+/* This architecture's caps, lowest first (README: SDPA_MAX_ISA), and the level of the CPU. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+static const char *const names[] = {"portable", "avx2", "avx512"};
+static int cpu_level(void) {
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
         return 0;
     return __builtin_cpu_supports("avx512f") ? 2 : 1;
-#else
-    return 0;
-#endif
 }
+#elif defined(__aarch64__) && defined(__linux__)
+static const char *const names[] = {"portable", "neon"};
+static int cpu_level(void) { return (getauxval(AT_HWCAP) & (1ul << 1)) ? 1 : 0; } /* HWCAP_ASIMD */
+#else
+static const char *const names[] = {"portable"};
+static int cpu_level(void) { return 0; }
+#endif
+#define NCAPS ((int)(sizeof names / sizeof names[0]))
 
 static int ends_with(const char *s, const char *tail) {
     size_t n = strlen(s), w = strlen(tail);
@@ -52,8 +63,19 @@ int main(int argc, char **argv) {
         printf("usage: SDPA_MAX_ISA=<cap> test_isa_env <cap>\n");
         return 1;
     }
-    static const char *const names[3] = {"portable", "avx2", "avx512"};
-    int cap = strcmp(env, "portable") == 0 ? 0 : strcmp(env, "avx2") == 0 ? 1 : 2;
+    int cap = -1;
+    for (int i = 0; i < NCAPS; ++i)
+        if (strcmp(env, names[i]) == 0)
+            cap = i;
+    if (cap < 0) {
+        printf("test_isa_env: not run: %s is not a cap of this architecture\n", env);
+        return 77;
+    }
+    if (cpu_level() < cap) {
+        /* the CPU lacks the capped level: the best it has runs; said, not counted as the cap's */
+        printf("test_isa_env: SDPA_MAX_ISA=%s: this CPU lacks %s; checking that %s runs\n", env, env,
+               names[cpu_level()]);
+    }
     int level = cpu_level() < cap ? cpu_level() : cap;
     int bad = run(SDPA_KERNEL_TILED, 4, "tiled-", names[level]);
     bad |= run(SDPA_KERNEL_DECODE, 1, "decode-", names[level]);

@@ -1,7 +1,7 @@
 /*
  * The kernels behind sdpa_attention: the tiled (FlashAttention-2 style) path, the decode path
- * (small L, split over keys) and the reference path, each with both micro-kernel sets (AVX2
- * where the CPU has it, and the portable C set, selected through the internal ISA test hook of
+ * (small L, split over keys) and the reference path, each with the micro-kernel sets (AVX2
+ * and AVX-512, or NEON on aarch64, where the CPU has them, and the portable C set, selected through the internal ISA test hook of
  * src/dispatch.h, which caps the ISA as SDPA_MAX_ISA=portable would). Every
  * path must agree with the float64 reference (tests/ref) and with the other paths, give the
  * same bits for any thread count, drop the same elements under dropout, never let NaN stored
@@ -35,47 +35,64 @@ typedef struct path {
     const char *isa; /* NULL = best for this CPU, "portable" = the C micro-kernels */
 } path;
 
+/* This architecture's micro-kernel sets, lowest first: the SDPA_MAX_ISA names (README) and the
+ * levels of the internal test hook. The kernel names end in "-<name>". */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+static const char *const ISA_NAMES[] = {"portable", "avx2", "avx512"};
+static const int ISA_LEVELS[] = {SDPA__ISA_PORTABLE, SDPA__ISA_AVX2, SDPA__ISA_AVX512};
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+static const char *const ISA_NAMES[] = {"portable", "neon"};
+static const int ISA_LEVELS[] = {SDPA__ISA_PORTABLE, SDPA__ISA_NEON};
+#else
+static const char *const ISA_NAMES[] = {"portable"};
+static const int ISA_LEVELS[] = {SDPA__ISA_PORTABLE};
+#endif
+#define N_ISAS ((int)(sizeof ISA_NAMES / sizeof ISA_NAMES[0]))
+
 static const path g_paths[] = {
     {SDPA_KERNEL_REFERENCE, NULL},
-    {SDPA_KERNEL_TILED, NULL},       /* AVX-512 where the CPU has it */
+    {SDPA_KERNEL_TILED, NULL},       /* the CPU's best: AVX-512 or NEON where the CPU has it */
+#if defined(__x86_64__) || defined(__i386__)
     {SDPA_KERNEL_TILED, "avx2"},
+#endif
     {SDPA_KERNEL_TILED, "portable"},
-    {SDPA_KERNEL_DECODE, NULL},      /* AVX-512 where the CPU has it */
+    {SDPA_KERNEL_DECODE, NULL},      /* the CPU's best */
+#if defined(__x86_64__) || defined(__i386__)
     {SDPA_KERNEL_DECODE, "avx2"},
+#endif
     {SDPA_KERNEL_DECODE, "portable"},
 };
 #define N_PATHS ((int)(sizeof g_paths / sizeof g_paths[0]))
+
+/* The rank (index in ISA_NAMES) of an ISA cap: unset, "amx" or a name this architecture does
+ * not have caps nothing (the top rank). */
+static int isa_level(const char *isa)
+{
+    for (int i = 0; isa != NULL && i < N_ISAS; ++i)
+        if (strcmp(isa, ISA_NAMES[i]) == 0)
+            return i;
+    return N_ISAS - 1;
+}
 
 /* Cap the micro-kernel ISA for the next calls through the library's internal test hook
  * (SDPA_MAX_ISA is read once per process; tests/test_isa_env.c checks that path). */
 static void set_isa(const char *isa)
 {
-    if (isa == NULL) {
-        sdpa__dispatch_set_max_isa_for_testing(-1);
-    } else if (strcmp(isa, "portable") == 0) {
-        sdpa__dispatch_set_max_isa_for_testing(SDPA__ISA_PORTABLE);
-    } else if (strcmp(isa, "avx2") == 0) {
-        sdpa__dispatch_set_max_isa_for_testing(SDPA__ISA_AVX2);
-    } else {
-        sdpa__dispatch_set_max_isa_for_testing(SDPA__ISA_AVX512);
-    }
+    sdpa__dispatch_set_max_isa_for_testing(isa == NULL ? -1 : ISA_LEVELS[isa_level(isa)]);
 }
 
-static int cpu_has_avx2(void)
+/* The rank of the best set this CPU runs, read independently of the library (CPUID through the
+ * compiler's builtins on x86-64, HWCAP_ASIMD on aarch64 Linux). */
+static int cpu_rank(void)
 {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
-#endif
-}
-
-static int cpu_has_avx512(void)
-{
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __builtin_cpu_init();
-    return cpu_has_avx2() && __builtin_cpu_supports("avx512f");
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return 0;
+    return __builtin_cpu_supports("avx512f") ? 2 : 1;
+#elif defined(__aarch64__) && defined(__linux__)
+    return (getauxval(AT_HWCAP) & (1ul << 1)) ? 1 : 0;
 #else
     return 0;
 #endif
@@ -96,16 +113,6 @@ static const char *path_desc(const path *p)
     return buf;
 }
 
-/* An ISA cap's rank: 0 portable, 1 avx2, 2 avx512 and above (amx, unset or unknown: no cap). */
-static int isa_level(const char *isa)
-{
-    if (isa != NULL && strcmp(isa, "portable") == 0)
-        return 0;
-    if (isa != NULL && strcmp(isa, "avx2") == 0)
-        return 1;
-    return 2;
-}
-
 /* The kernel name must name the path and, for tiled/decode, the micro-kernel set. */
 static void check_kernel_name(const path *p, const char *what)
 {
@@ -119,14 +126,15 @@ static void check_kernel_name(const path *p, const char *what)
     }
     /* The set: the lower of what the CPU has and the cap, which is the path's own (the test hook
      * replaces the process's cap) or else the process's SDPA_MAX_ISA (README: portable, avx2,
-     * avx512, amx; another value caps nothing). */
-    static const char *const SUFFIX[3] = {"-portable", "-avx2", "-avx512"};
-    int level = cpu_has_avx512() ? 2 : cpu_has_avx2() ? 1 : 0;
+     * avx512, amx on x86-64; portable, neon on aarch64; another value caps nothing). */
+    int level = cpu_rank();
     const int cap = p->isa != NULL ? isa_level(p->isa) : isa_level(getenv("SDPA_MAX_ISA"));
     level = cap < level ? cap : level;
-    if (!ends_with(name, SUFFIX[level])) {
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, "-%s", ISA_NAMES[level]);
+    if (!ends_with(name, suffix)) {
         fail_msg("%s on %s (SDPA_MAX_ISA=%s): kernel \"%s\" does not end with \"%s\"", what, path_desc(p),
-                 getenv("SDPA_MAX_ISA") ? getenv("SDPA_MAX_ISA") : "(unset)", name, SUFFIX[level]);
+                 getenv("SDPA_MAX_ISA") ? getenv("SDPA_MAX_ISA") : "(unset)", name, suffix);
     }
 }
 
@@ -1351,8 +1359,8 @@ static void kernels_no_keys_give_empty_rows(void **state)
 }
 
 /* The portable set is what the ISA cap "portable" selects, the AVX2 set what "avx2" selects on
- * an AVX2 + FMA CPU; by default AVX-512F where present. All were compared with the
- * reference above; here the names. */
+ * an AVX2 + FMA CPU; by default AVX-512F where present (NEON on aarch64). All were compared
+ * with the reference above; here the names. */
 static void kernels_micro_kernel_sets_are_selectable(void **state)
 {
     (void)state;
@@ -1374,8 +1382,8 @@ static void kernels_micro_kernel_sets_are_selectable(void **state)
     sdpa_options_init(&o);
     o.kernel = best.kernel;
     assert_int_equal(sdpa_attention(&tq, &tk, &tv, &o, &to, NULL, NULL), SDPA_OK);
-    print_message("micro-kernels: the tiled path runs \"%s\" here (CPU: avx2 %d, avx512f %d)\n", sdpa_last_kernel(),
-                  cpu_has_avx2(), cpu_has_avx512());
+    print_message("micro-kernels: the tiled path runs \"%s\" here (CPU's best set: %s)\n", sdpa_last_kernel(),
+                  ISA_NAMES[cpu_rank()]);
 }
 
 int main(void)

@@ -43,7 +43,16 @@ def main():
                             f"only in {name} {sorted(other - have)}")
     abidw = shutil.which("abidw")
     abidiff = shutil.which("abidiff")
-    if abidw is None or abidiff is None:
+    checks = 2
+    with open(lib, "rb") as f:
+        machine = int.from_bytes(f.read(20)[18:20], "little")  # ELF e_machine
+    if machine != 62 and not update:
+        # The baseline is the x86-64 library's (EM_X86_64 = 62): abidiff against another
+        # architecture's library (a cross build, cross/aarch64.txt) reports the architecture
+        # change itself. The export lists above are checked on every architecture.
+        print(f"abi: abidiff not run: tests/abi/libsdpa.abi is x86-64's, this library's ELF machine is {machine}")
+        checks = 1
+    elif abidw is None or abidiff is None:
         failures.append("abidw/abidiff not found: install abigail-tools (the ABI baseline check must run)")
     else:
         baseline = here / "libsdpa.abi"
@@ -55,12 +64,11 @@ def main():
         if r.returncode != 0:
             failures.append("abidiff against tests/abi/libsdpa.abi reports an ABI change "
                             f"(exit {r.returncode}):\n{r.stdout}{r.stderr}")
-    checks = 2
     failed = len(failures)
     for f in failures:
         print("FAIL:", f)
     print(f"abi: {len(have)} exported symbols checked")
-    print(f"{checks - min(failed, checks)} passed, {min(failed, checks)} failed")
+    print(f"{checks - min(failed, checks)} passed, {min(failed, checks)} failed" + (", 1 skipped" if checks == 1 else ""))
     return 1 if failures else 0
 
 

@@ -24,15 +24,16 @@
  * attention case.
  *
  *   test_guard [cases [seed]]          default 300 cases, seed 1, on the ISA SDPA_MAX_ISA names
- *   test_guard all-isas [cases [seed]] reruns itself once per ISA the CPU has (SDPA_MAX_ISA =
- *                                      portable, avx2, avx512, amx: the library reads it once per
+ *   test_guard all-isas [cases [seed]] reruns itself (a forked child) once per ISA the CPU has
+ *                                      (SDPA_MAX_ISA = portable, avx2, avx512, amx on x86-64;
+ *                                      portable, neon on aarch64: the library reads it once per
  *                                      process; the amx child calls sdpa_request_amx() and draws
  *                                      half its serving cases for the AMX column) and prints
  *                                      "not run: <isa> (...)" for the others, which do not count
  *                                      as passed
  */
 #include <math.h>
-#include <spawn.h>
+#include <unistd.h>
 #include <sys/wait.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -1097,6 +1098,20 @@ static void mask_case(rb_rng *r, int64_t n)
 
 /* ----------------------------------------------------------------- main */
 
+/* This architecture's SDPA_MAX_ISA names (README), lowest first; "amx" is AVX-512 with the AMX
+ * column (the child's sdpa_request_amx()). */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+static const char *const ISAS[] = {"portable", "avx2", "avx512", "amx"};
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+static const char *const ISAS[] = {"portable", "neon"};
+#else
+static const char *const ISAS[] = {"portable"};
+#endif
+#define N_ISAS ((int)(sizeof ISAS / sizeof ISAS[0]))
+
+/* Whether this CPU has the ISA (read here, independently of the library). Another
+ * architecture's name: no; unset or another value (which caps nothing): yes. */
 static int isa_available(const char *isa)
 {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
@@ -1105,39 +1120,60 @@ static int isa_available(const char *isa)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (strcmp(isa, "avx512") == 0 || strcmp(isa, "amx") == 0)
         return __builtin_cpu_supports("avx512f");
+    if (strcmp(isa, "neon") == 0)
+        return 0;
+#elif defined(__aarch64__) && defined(__linux__)
+    if (strcmp(isa, "neon") == 0)
+        return (getauxval(AT_HWCAP) & (1ul << 1)) != 0; /* HWCAP_ASIMD */
+    if (strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512") == 0 || strcmp(isa, "amx") == 0)
+        return 0;
 #else
-    if (strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512") == 0)
+    if (strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512") == 0 || strcmp(isa, "amx") == 0 || strcmp(isa, "neon") == 0)
         return 0;
 #endif
     return 1;
 }
 
-extern char **environ;
+static int run_harness(int64_t cases, uint64_t seed);
 
-/* One child per ISA (the library reads SDPA_MAX_ISA once per process). */
-static int run_all_isas(const char *self, int argc, char **argv)
+/* One child per ISA (the library reads SDPA_MAX_ISA once per process, and this parent has not
+ * called it). The child is a fork() of this process that sets SDPA_MAX_ISA and runs the
+ * harness, not a new program image: under a user-mode emulator (qemu-aarch64-static in the
+ * aarch64 CI job, without binfmt_misc) exec of the test binary is the host kernel's and fails
+ * (the child exited 127), while fork() is emulated. */
+static int run_all_isas(int argc, char **argv)
 {
-    /* "amx": AVX-512 with the AMX column, after the child's sdpa_request_amx() (exit 77: not run) */
-    static const char *const ISAS[4] = {"portable", "avx2", "avx512", "amx"};
     int failed = 0, ran = 0;
     char not_run[64] = "";
-    for (int t = 0; t < 4; ++t) {
+    const int64_t cases = argc > 2 ? atoll(argv[2]) : 300;
+    const uint64_t seed = argc > 3 ? strtoull(argv[3], NULL, 0) : 1;
+    for (int t = 0; t < N_ISAS; ++t) {
         if (!isa_available(ISAS[t])) {
             printf("test_guard: not run: %s (CPU lacks it)\n", ISAS[t]);
             strcat(not_run, " ");
             strcat(not_run, ISAS[t]);
             continue;
         }
-        if (setenv("SDPA_MAX_ISA", ISAS[t], 1) != 0) {
-            perror("setenv");
+        fflush(stdout);
+        fflush(stderr);
+        const pid_t pid = fork();
+        if (pid < 0) {
+            perror("fork");
             return 2;
         }
-        char *args[4] = {(char *)self, argc > 2 ? argv[2] : (char *)"300", argc > 3 ? argv[3] : (char *)"1", NULL};
-        fflush(stdout);
-        pid_t pid;
+        if (pid == 0) {
+            if (setenv("SDPA_MAX_ISA", ISAS[t], 1) != 0) {
+                perror("setenv");
+                _exit(2);
+            }
+            const int rc = run_harness(cases, seed);
+            fflush(stdout);
+            fflush(stderr);
+            _exit(rc);
+        }
         int status = 0;
-        if (posix_spawn(&pid, self, NULL, NULL, args, environ) != 0 || waitpid(pid, &status, 0) != pid) {
-            perror("posix_spawn");
+        if (waitpid(pid, &status, 0) != pid) {
+            perror("waitpid");
             return 2;
         }
         if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
@@ -1158,9 +1194,15 @@ static int run_all_isas(const char *self, int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "all-isas") == 0)
-        return run_all_isas(argv[0], argc, argv);
+        return run_all_isas(argc, argv);
     const int64_t cases = argc > 1 ? atoll(argv[1]) : 300;
     const uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 0) : 1;
+    return run_harness(cases, seed);
+}
+
+/* The harness on the ISA SDPA_MAX_ISA names (0 passed, 1 failed, 77 not run). */
+static int run_harness(int64_t cases, uint64_t seed)
+{
     const char *isa = getenv("SDPA_MAX_ISA");
     if (isa == NULL)
         isa = "(uncapped)";
