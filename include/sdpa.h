@@ -182,8 +182,38 @@ typedef enum sdpa_dtype {
     SDPA_DTYPE_F32 = 0,  /**< IEEE 754 binary32 (float) */
     SDPA_DTYPE_F16 = 1,  /**< IEEE 754 binary16 (numpy float16, _Float16), stored as its 16-bit encoding */
     SDPA_DTYPE_BF16 = 2, /**< bfloat16 (the top 16 bits of a binary32; torch.bfloat16) */
+    /** (0.6) 8-bit block-quantized K/V cache, bit-compatible with ggml's `block_q8_0` (llama.cpp
+     *  `--cache-type-k/-v q8_0`): blocks of SDPA_Q8_0_BLOCK = 32 consecutive elements along
+     *  the LAST axis (the head width E or Ev), each SDPA_Q8_0_BLOCK_BYTES = 34 bytes
+     *  `{uint16_t d; int8_t qs[32];}` with d an IEEE binary16 scale (little-endian, as ggml
+     *  stores it); element i of a block is d * qs[i] (d widened exactly to float32, one float32
+     *  multiply: ggml's dequantize_row_q8_0). THE VIEW: its shape counts elements (the last
+     *  axis a multiple of 32, else SDPA_ERR_SHAPE naming the view); its strides count BLOCKS
+     *  (sdpa_dtype_size() = 34 bytes, the storage unit), and the last axis must be contiguous
+     *  blocks, stride 1 (else SDPA_ERR_STRIDE); data aligned to 2 bytes. sdpa_tensor_init_dtype()
+     *  gives last stride 1 and the next stride E / 32. A ggml tensor (ne[] in elements, nb[] in
+     *  bytes, multiples of 34) is the view with shape ne reversed and strides nb / 34 reversed.
+     *  A d that is Inf or NaN makes its 32 values non-finite (the finite check reports them).
+     *  Allowed for sdpa_attention()'s key and value only. */
+    SDPA_DTYPE_Q8_0 = 3,
+    /** (0.6) OCP 8-bit float E4M3FN (PyTorch float8_e4m3fn, vLLM kv_cache_dtype "fp8" /
+     *  "fp8_e4m3"): 1 sign, 4 exponent (bias 7), 3 mantissa bits, subnormals, no infinities,
+     *  NaN = S.1111.111 (0x7F, 0xFF), largest finite 448. One byte per element, ordinary
+     *  strides. The value is fp8 * scale (sdpa_options.k_scale / v_scale, default 1). Allowed
+     *  for sdpa_attention()'s key and value only. */
+    SDPA_DTYPE_FP8_E4M3 = 4,
+    /** (0.6) 8-bit float E5M2 (PyTorch float8_e5m2, vLLM "fp8_e5m2"): 1 sign, 5 exponent (bias
+     *  15), 2 mantissa bits: the top byte of an IEEE binary16, with Inf (S.11111.00) and NaN.
+     *  One byte per element; value fp8 * scale as for SDPA_DTYPE_FP8_E4M3. Key and value only. */
+    SDPA_DTYPE_FP8_E5M2 = 5,
     SDPA_DTYPE_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_dtype;
+
+/** (0.6) Elements per block of SDPA_DTYPE_Q8_0 (ggml QK8_0). */
+#define SDPA_Q8_0_BLOCK 32
+/** (0.6) Bytes per block of SDPA_DTYPE_Q8_0 (ggml sizeof(block_q8_0): an f16 scale and 32 int8);
+ *  sdpa_dtype_size(SDPA_DTYPE_Q8_0), the unit its strides count. */
+#define SDPA_Q8_0_BLOCK_BYTES 34
 
 /**
  * A non-owning strided view of a tensor (frozen layout; 160 bytes on LP64).
@@ -231,12 +261,14 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_4d(sdpa_tensor *view, float
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_3d(sdpa_tensor *view, float *data, int64_t d0,
                                                         int64_t d1, int64_t d2);
 
-/** @return the size in bytes of one element of `dtype` (4 for F32, 2 for F16 and BF16), or 0 if
- *  dtype is not an sdpa_dtype. (0.4) */
+/** @return the size in bytes of one element of `dtype` (4 for F32, 2 for F16 and BF16; 0.6: 1
+ *  for FP8_E4M3 and FP8_E5M2, and for Q8_0 the 34 bytes of one block of 32 elements, the unit
+ *  a q8_0 view's strides count), or 0 if dtype is not an sdpa_dtype. (0.4) */
 SDPA_API size_t sdpa_dtype_size(sdpa_dtype dtype);
 
 /** @return a static name of `dtype` as numpy/PyTorch spell it: "float32", "float16",
- *  "bfloat16", or "unknown". Never NULL. (0.4) */
+ *  "bfloat16"; 0.6: "q8_0" (ggml's name), "fp8_e4m3", "fp8_e5m2" (vLLM's kv_cache_dtype
+ *  names); or "unknown". Never NULL. (0.4) */
 SDPA_API const char *sdpa_dtype_name(sdpa_dtype dtype);
 
 /**
@@ -640,6 +672,19 @@ typedef struct sdpa_options {
     /** Sequences R of a packed batch (0 <= R < 2^31, else SDPA_ERR_INVALID_ARGUMENT; used only
      *  with cu_seqlens_q). */
     int64_t num_seqs;
+
+    /* ---- appended in 0.6: 8-bit K/V caches (a 0.5 caller's smaller struct_size leaves these NULL) ---- */
+    /** Scale of an FP8 key cache (nullable; NULL = 1): a float32 view, the key's element value
+     *  being fp8 * scale, one float32 multiply (vLLM kv_cache_dtype "fp8" with `k_scale`,
+     *  FlashAttention-3 descale_k). Shapes: [1] (per tensor) or [Hkv] (per kv head, vLLM's
+     *  per-head scales; any stride); per-token scales are not taken (SDPA_ERR_SHAPE). Each
+     *  scale read must be finite and >= 0 (else SDPA_ERR_INVALID_ARGUMENT naming the entry,
+     *  always checked). Set while key is not SDPA_DTYPE_FP8_E4M3 / _FP8_E5M2:
+     *  SDPA_ERR_INVALID_ARGUMENT (q8_0 carries its scales in its blocks). Another dtype than
+     *  float32: SDPA_ERR_DTYPE; rank other than 1: SDPA_ERR_RANK. */
+    const sdpa_tensor *k_scale;
+    /** Scale of an FP8 value cache (nullable; NULL = 1): as k_scale, for value ([1] or [Hkv]). */
+    const sdpa_tensor *v_scale;
 } sdpa_options;
 
 /**
@@ -705,10 +750,26 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *   (see sdpa_precision for what SDPA_PRECISION_REDUCED may change, and the error bounds);
  *   an f16/bf16 out is rounded once, to nearest even. The finite check and every masked-value
  *   guarantee hold for every dtype (f16/bf16 Inf and NaN encodings included).
+ * 8-bit K/V caches (0.6): k and v (only they: an 8-bit q, out or bias is SDPA_ERR_DTYPE) may
+ *   also be SDPA_DTYPE_Q8_0 (ggml block_q8_0; E or Ev a multiple of 32), SDPA_DTYPE_FP8_E4M3 or
+ *   SDPA_DTYPE_FP8_E5M2 (with options->k_scale / v_scale), independently of each other (a q8_0
+ *   K with an f16 V, as llama.cpp allows), for dense, strided, paged and packed calls, on every
+ *   kernel. Each stored element is dequantized exactly to float32 (q8_0: f16 d widened, times
+ *   the int8, one float32 multiply, as ggml's dequantize_row_q8_0; fp8: the exact float32 of
+ *   the encoding times the scale, one float32 multiply), and the call then computes attention
+ *   on those float32 K/V values exactly as for a float32 cache. Accuracy: the error against a
+ *   float64 evaluation on the DEQUANTIZED values is the float32 bound of sdpa_precision
+ *   (DEFAULT; every 8-bit dtype, every kernel and ISA). What the cache lost when it was written
+ *   (the quantization error: q8_0 about |d| / 2 per element, E4M3 2^-4 and E5M2 2^-3 relative,
+ *   times the scale) is the writer's, documented at sdpa_kv_write(). NaN encodings (E4M3FN
+ *   0x7F/0xFF, E5M2 exponent all ones, a q8_0 block whose d is Inf or NaN) in a row some query
+ *   attends are SDPA_ERR_NON_FINITE under the finite check; in a masked row they are never read.
  *
  * @param q       [in] query view [B, Hq, L, E] (or [B, L, E]), float32, float16 or bfloat16.
- * @param k       [in] key view [B, Hkv, S, E] (or [B, S, E]), float32, float16 or bfloat16.
- * @param v       [in] value view [B, Hkv, S, Ev] (or [B, S, Ev]), float32, float16 or bfloat16.
+ * @param k       [in] key view [B, Hkv, S, E] (or [B, S, E]), float32, float16 or bfloat16;
+ *                0.6: or q8_0, fp8_e4m3, fp8_e5m2 (an 8-bit cache; options->k_scale).
+ * @param v       [in] value view [B, Hkv, S, Ev] (or [B, S, Ev]), float32, float16 or bfloat16;
+ *                0.6: or q8_0, fp8_e4m3, fp8_e5m2 (options->v_scale).
  * @param options [in] nullable (= defaults); see sdpa_options.
  * @param out     [out] float32, float16 or bfloat16 [B, Hq, L, Ev]; its address range must not overlap the address
  *                range of any input or other output (checked conservatively on ranges).
