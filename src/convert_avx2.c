@@ -118,4 +118,5 @@ static bool finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n) { return
 
 const sdpa__convert sdpa__convert_avx2 = {
     "avx2-f16c", widen_f16, widen_bf16, narrow_f16, narrow_bf16, finite_f16, finite_bf16,
+    SDPA__CONVERT_8BIT_PORTABLE, /* 0.6: replaced below where this ISA has its own */
 };

@@ -44,4 +44,5 @@ const sdpa__convert sdpa__convert_avx512bf16 = {
     narrow_bf16,
     sdpa__avx512_finite_f16,
     sdpa__avx512_finite_bf16,
+    SDPA__CONVERT_8BIT_PORTABLE, /* 0.6: replaced below where this ISA has its own */
 };

@@ -107,7 +107,7 @@ static const sdpa__mk_kv *const g_kv_tables[SDPA__ISA_COUNT] = {
 };
 
 const sdpa__mk_kv *sdpa__dispatch_mk_kv(int dtype) {
-    if (dtype < SDPA_DTYPE_F32 || dtype > SDPA_DTYPE_BF16)
+    if (dtype < SDPA_DTYPE_F32 || dtype >= SDPA__KV_DTYPES)
         return NULL;
     for (int isa = (int)sdpa__dispatch_isa(); isa >= 0; --isa) /* the same walk as sdpa__dispatch_mk */
         if (g_tables[isa][SDPA__MK_F32] != NULL)
