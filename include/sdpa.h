@@ -1398,7 +1398,8 @@ typedef struct sdpa_cost {
      *  (b, kv head) attends (every key below the key count for score stages); v: Ev per key row
      *  of an allowed pair of that group; mask: 1 byte per pair inside the structural range
      *  (causal, window, lengths) of a non-padding row; bias: one element per such pair the mask
-     *  allows. Element sizes of each view's dtype. */
+     *  allows. Element sizes of each view's dtype (0.6: a q8_0 row of E elements is E / 32
+     *  blocks of 34 bytes; FP8 1 byte per element; the scales are not counted). */
     int64_t bytes_read_q;
     int64_t bytes_read_k;      /**< see bytes_read_q */
     int64_t bytes_read_v;      /**< see bytes_read_q */

@@ -174,6 +174,9 @@ void sdpa__avx512_narrow_f16(const float *src, int64_t n, uint16_t *dst, ptrdiff
 void sdpa__avx512_narrow_bf16(const float *src, int64_t n, uint16_t *dst, ptrdiff_t stride);
 bool sdpa__avx512_finite_f16(const uint16_t *x, ptrdiff_t stride, int64_t n);
 bool sdpa__avx512_finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n);
+void sdpa__avx512_widen_e4m3(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale);
+void sdpa__avx512_widen_e5m2(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale);
+void sdpa__avx512_widen_q8_0(const void *src, int64_t nblocks, float *dst);
 #endif
 #if defined(SDPA_HAVE_AVX512BF16)
 /* The AVX-512 table whose narrow_bf16 uses VCVTNEPS2BF16 (with a fix-up of denormal inputs,

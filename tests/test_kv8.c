@@ -132,6 +132,26 @@ static bool isa_runs(int isa) {
 
 /* ============================================================ conversions, exhaustively */
 
+/* Every conversion table this build has, NULL where the CPU lacks it ("not run"). */
+static int tables_of(const sdpa__convert **t, const char **names) {
+    int n = 0;
+    t[n] = &sdpa__convert_portable, names[n++] = "portable";
+#if defined(SDPA_HAVE_CONVERT_AVX2)
+    t[n] = sdpa__cpu_has_isa(SDPA__ISA_AVX2) ? &sdpa__convert_avx2 : NULL, names[n++] = "avx2-f16c";
+#endif
+#if defined(SDPA_HAVE_CONVERT_AVX512)
+    t[n] = sdpa__cpu_has_isa(SDPA__ISA_AVX512) ? &sdpa__convert_avx512 : NULL, names[n++] = "avx512";
+#endif
+#if defined(SDPA_HAVE_AVX512BF16)
+    t[n] = sdpa__cpu_features()->avx512bf16 && sdpa__cpu_has_isa(SDPA__ISA_AVX512) ? &sdpa__convert_avx512bf16 : NULL;
+    names[n++] = "avx512-bf16";
+#endif
+    for (int i = 0; i < n; ++i)
+        if (t[i] == NULL)
+            printf("# conversion table %s: not run (the CPU lacks it)\n", names[i]);
+    return n;
+}
+
 static void check_widened(int dt, uint8_t b, float got, float scale, const char *where) {
     double v;
     const int kind = fp8_value(dt, b, &v);
@@ -162,12 +182,13 @@ static void kv8_every_fp8_encoding_every_table(void **state) {
         strided[2 * b + 1] = 0xAA;
     }
     int tables = 0;
-    for (int isa = SDPA__ISA_PORTABLE; isa < SDPA__ISA_COUNT; ++isa) {
-        const sdpa__convert *cv = sdpa__convert_exact(isa);
-        if (cv == NULL) {
-            printf("# conversion table of isa %d: not run (build or CPU lacks it)\n", isa);
+    const sdpa__convert *tabs[4];
+    const char *names[4];
+    const int ntab = tables_of(tabs, names);
+    for (int ti = 0; ti < ntab; ++ti) {
+        const sdpa__convert *cv = tabs[ti];
+        if (cv == NULL)
             continue;
-        }
         ++tables;
         for (int dt = SDPA_DTYPE_FP8_E4M3; dt <= SDPA_DTYPE_FP8_E5M2; ++dt) {
             for (int si = 0; si < 3; ++si) {
@@ -276,12 +297,13 @@ static void kv8_q8_0_dequantize_matches_ggml_layout(void **state) {
     blocks[2] = 0x80;
     blocks[34 + 5] = 0x80;
     int tables = 0;
-    for (int isa = SDPA__ISA_PORTABLE; isa < SDPA__ISA_COUNT; ++isa) {
-        const sdpa__convert *cv = sdpa__convert_exact(isa);
-        if (cv == NULL) {
-            printf("# conversion table of isa %d: not run\n", isa);
+    const sdpa__convert *tabs[4];
+    const char *names[4];
+    const int ntab = tables_of(tabs, names);
+    for (int ti = 0; ti < ntab; ++ti) {
+        const sdpa__convert *cv = tabs[ti];
+        if (cv == NULL)
             continue;
-        }
         ++tables;
         float out[NB * 32];
         cv->widen_q8_0(blocks, NB, out);
@@ -986,6 +1008,33 @@ static void kv8_validation_errors(void **state) {
     EXPECT(sdpa_attention(&q, &k, &vf16, &o, &out, NULL, NULL), SDPA_ERR_INVALID_ARGUMENT, "not an FP8 dtype");
 }
 
+/* sdpa_attention_cost counts a q8_0 row as E / 32 blocks of 34 bytes, an FP8 row as E bytes,
+ * and names the kernel with the dtype tag the call leaves. */
+static void kv8_cost_counts_block_bytes(void **state) {
+    (void)state;
+    store k, v;
+    store_make(&k, SDPA_DTYPE_Q8_0, E, false, 0);
+    store_make(&v, SDPA_DTYPE_FP8_E5M2, EV, false, 0);
+    float q[B * HQ * 1 * E], out[B * HQ * 1 * EV];
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; ++i)
+        q[i] = frand();
+    sdpa_tensor tq, to;
+    const int64_t qsh[4] = {B, HQ, 1, E}, osh[4] = {B, HQ, 1, EV};
+    assert_int_equal(sdpa_tensor_init(&tq, q, 4, qsh), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&to, out, 4, osh), SDPA_OK);
+    sdpa_cost c8, cf;
+    sdpa_cost_init(&c8);
+    sdpa_cost_init(&cf);
+    assert_int_equal(sdpa_attention_cost(&tq, &k.t, &v.t, NULL, &to, NULL, NULL, NULL, &c8), SDPA_OK);
+    assert_int_equal(sdpa_attention_cost(&tq, &k.tf, &v.tf, NULL, &to, NULL, NULL, NULL, &cf), SDPA_OK);
+    assert_int_equal(c8.bytes_read_k, cf.bytes_read_k / 4 / 32 * 34);
+    assert_int_equal(c8.bytes_read_v, cf.bytes_read_v / 4);
+    assert_int_equal(sdpa_attention(&tq, &k.t, &v.t, NULL, &to, NULL, NULL), SDPA_OK);
+    assert_string_equal(c8.kernel, sdpa_last_kernel());
+    store_free(&k);
+    store_free(&v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kv8_every_fp8_encoding_every_table),
@@ -996,6 +1045,7 @@ int main(void) {
         cmocka_unit_test(kv8_packed_cu_seqlens_k_matches_f32),
         cmocka_unit_test(kv8_non_finite_attended_fails_masked_is_never_read),
         cmocka_unit_test(kv8_validation_errors),
+        cmocka_unit_test(kv8_cost_counts_block_bytes),
     };
     return cmocka_run_group_tests_name("kv8", tests, NULL, NULL);
 }
