@@ -163,7 +163,8 @@ SDPA_API const char *sdpa_last_error_message(void);
  *         (then the micro-kernel's ISA, e.g. "tiled-avx2", "tiled-avx512bf16" for the bf16 dot
  *         products of SDPA_PRECISION_REDUCED); with reduced-precision storage (0.4) a dtype
  *         suffix follows: the dtype of K and V ("-f16", "-bf16"; "-f32" for a float32 cache
- *         with a reduced q; "-mixed" when K and V differ), e.g. "decode-avx2-f16",
+ *         with a reduced q; 0.6: "-q8_0", "-fp8_e4m3", "-fp8_e5m2" for 8-bit caches;
+ *         "-mixed" when K and V differ), e.g. "decode-avx2-f16",
  *         "reference-bf16". Float32 q, k and v keep the suffix-less 0.3 names. "none" when
  *         the call had no query row. A packed batch (cu_seqlens_q) names the kernel of its
  *         last sequence that has query rows (its sequences may run on different kernels).
@@ -221,8 +222,12 @@ typedef enum sdpa_dtype {
  * from data (for float32: ((float *)data)[sum_d i_d * strides[d]]).
  * Strides are in elements and may be 0 (broadcast) or negative on inputs; outputs need
  * strides > 0 on every dimension of size > 1 and must not overlap themselves.
+ * 8-bit dtypes (0.6): FP8 views are ordinary 1-byte views; a q8_0 view's shape counts
+ * elements and its strides count 34-byte blocks (see SDPA_DTYPE_Q8_0): element [.., e] is
+ * value e % 32 of block e / 32 of its row, the row at sdpa_dtype_size(dtype) * sum_{d<last}
+ * i_d * strides[d] bytes.
  * Alignment (0.6): the data pointer of a view with at least one element must be a multiple of
- * its element size (sdpa_dtype_size(): 4 for float32, 2 for float16 and bfloat16), as a C
+ * its element size (sdpa_dtype_size(): 4 for float32, 2 for float16 and bfloat16; q8_0: 2), as a C
  * pointer of that type must be and as PyTorch, ONNX Runtime and numpy's aligned arrays give;
  * since strides count elements, every element is then aligned too. A misaligned view, e.g.
  * (float *)(buf + 3), is SDPA_ERR_ALIGNMENT from the constructors and from every function
