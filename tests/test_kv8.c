@@ -954,6 +954,19 @@ static void kv8_validation_errors(void **state) {
     kb.strides[3] = 2;
     EXPECT(sdpa_attention(&q, &kb, &v, NULL, &out, NULL, NULL), SDPA_ERR_STRIDE, "key.strides[3]=2");
 
+    /* a q8_0 view's extent is its blocks: an out right after the cache's last block does not
+     * overlap it (2 x 2 x 8 rows x 2 blocks = 2176 bytes, then out) */
+    {
+        static unsigned char joint[2176 + 2 * 2 * 64 * 4] __attribute__((aligned(64)));
+        sdpa_tensor kj, oj;
+        assert_int_equal(sdpa_tensor_init_dtype(&kj, joint, SDPA_DTYPE_Q8_0, 4, ksh), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init(&oj, (float *)(void *)(joint + 2176), 4, osh), SDPA_OK);
+        EXPECT(sdpa_attention(&q, &kj, &v, NULL, &oj, NULL, NULL), SDPA_OK, NULL);
+        sdpa_tensor oj2;
+        assert_int_equal(sdpa_tensor_init(&oj2, (float *)(void *)(joint + 2176 - 64), 4, osh), SDPA_OK);
+        EXPECT(sdpa_attention(&q, &kj, &v, NULL, &oj2, NULL, NULL), SDPA_ERR_OVERLAP, "overlaps input key");
+    }
+
     /* 8-bit q, out, bias */
     sdpa_tensor q8;
     assert_int_equal(sdpa_tensor_init_dtype(&q8, buf, SDPA_DTYPE_Q8_0, 4, qsh), SDPA_OK);
