@@ -44,6 +44,7 @@
 #include "dispatch.h"
 #include "load.h"
 #include "ref/sdpa_ref.h"
+#include "robustness/guard.h"
 #include "sdpa.h"
 
 /* ------------------------------------------------ the formats, from their documentation */
@@ -823,6 +824,60 @@ static void kv8_packed_cu_seqlens_k_matches_f32(void **state) {
     store_free(&v);
 }
 
+/* Guard pages: 8-bit caches (every dtype as K and V) placed right before a PROT_NONE page and
+ * right after one, on every kernel and ISA: a read one byte past the last block / byte or before
+ * the first faults. Results equal the float32 call. */
+static void kv8_guard_pages_no_out_of_bounds_read(void **state) {
+    (void)state;
+    static const int dts[3] = {SDPA_DTYPE_Q8_0, SDPA_DTYPE_FP8_E4M3, SDPA_DTYPE_FP8_E5M2};
+    static const int kernels[3] = {SDPA_KERNEL_REFERENCE, SDPA_KERNEL_TILED, SDPA_KERNEL_DECODE};
+    static const int64_t klen[B] = {70, 45};
+    float *q = malloc(sizeof(float) * B * HQ * LMAX * E);
+    for (int64_t i = 0; i < B * HQ * LMAX * E; ++i)
+        q[i] = frand();
+    result *r8 = malloc(sizeof *r8), *rf = malloc(sizeof *rf);
+    int cases = 0;
+    for (int di = 0; di < 3; ++di)
+        for (int at_end = 0; at_end < 2; ++at_end) {
+            store k, v;
+            store_make(&k, dts[di], E, false, 0);
+            store_make(&v, dts[(di + 1) % 3], EV, false, 0);
+            store *st[2] = {&k, &v};
+            rb_guard g[2];
+            sdpa_tensor gt[2];
+            for (int t = 0; t < 2; ++t) {
+                const size_t bytes = (size_t)st[t]->t.strides[0] * B * unit_of(st[t]->dt);
+                void *p = rb_guard_alloc(&g[t], bytes, at_end);
+                memcpy(p, st[t]->raw, bytes);
+                gt[t] = st[t]->t;
+                gt[t].data = p;
+            }
+            for (int isa = SDPA__ISA_PORTABLE; isa < SDPA__ISA_COUNT; ++isa) {
+                if (!sdpa__cpu_has_isa(isa))
+                    continue;
+                sdpa__dispatch_set_max_isa_for_testing(isa);
+                for (int kn = 0; kn < 3; ++kn)
+                    for (int li = 0; li < 2; ++li) {
+                        const int64_t L = li == 0 ? 1 : LMAX;
+                        assert_int_equal(attend(q, L, &gt[0], &gt[1], kernels[kn], klen, NULL, NULL, 1, r8), SDPA_OK);
+                        assert_int_equal(attend(q, L, &k.tf, &v.tf, kernels[kn], klen, NULL, NULL, 1, rf), SDPA_OK);
+                        if (memcmp(r8->out, rf->out, sizeof(float) * (size_t)(B * HQ * L * EV)) != 0)
+                            fail_msg("guarded dtype %d isa %d kernel %d: differs from float32", dts[di], isa, kernels[kn]);
+                        ++cases;
+                    }
+            }
+            sdpa__dispatch_set_max_isa_for_testing(-1);
+            rb_guard_free(&g[0]);
+            rb_guard_free(&g[1]);
+            store_free(&k);
+            store_free(&v);
+        }
+    printf("# guarded 8-bit calls: %d\n", cases);
+    free(q);
+    free(r8);
+    free(rf);
+}
+
 /* ============================================================ NaN / Inf */
 
 static void kv8_non_finite_attended_fails_masked_is_never_read(void **state) {
@@ -1056,6 +1111,7 @@ int main(void) {
         cmocka_unit_test(kv8_attention_matches_dequantized_f32),
         cmocka_unit_test(kv8_paged_and_packed_match_f32),
         cmocka_unit_test(kv8_packed_cu_seqlens_k_matches_f32),
+        cmocka_unit_test(kv8_guard_pages_no_out_of_bounds_read),
         cmocka_unit_test(kv8_non_finite_attended_fails_masked_is_never_read),
         cmocka_unit_test(kv8_validation_errors),
         cmocka_unit_test(kv8_cost_counts_block_bytes),
