@@ -429,7 +429,14 @@ typedef enum sdpa_kernel {
  *   bf16 subnormal (VDPBF16PS and AMX read subnormals as 0). When v is bf16 and P.V uses bf16
  *   dot products, err also gains (2n + 1) * 2^-126 (absolute: bf16 subnormal v values read as
  *   0, subnormal partial sums flushed). REDUCED never rounds a q or k value: f32 or f16 q/k
- *   keep the F32 score arithmetic.
+ *   keep the F32 score arithmetic, except (0.6) a q8_0 k: where the CPU has AVX512-VNNI
+ *   (ISA AVX512) the decode kernel scores a q8_0 K cache by int8 dot products, as ggml's
+ *   q8_0 x q8_0 dot: each q row is quantized per block b of 32 elements to int8 with
+ *   d_b = amax_b / 127 (amax_b = max |q_e| over the block; d_b kept in float32; nearest even),
+ *   and δ gains |scale| * sum_b (amax_b / 254) * (1 + 2^-13) * sum_{e in b} |k_je| (the
+ *   q quantization; k is the dequantized value, read exactly). sdpa_last_kernel() then names
+ *   "decode-avx512vnni" (or "decode-split-avx512vnni"). The tiled and reference kernels, V and
+ *   the FP8 dtypes keep the F32 arithmetic on the dequantized values under REDUCED.
  *   Since 0.5.0 (the 0.4 core), REDUCED computes Q.K^T with VDPBF16PS in the tiled and decode
  *   kernels when q and k are bf16 and the CPU has AVX512-BF16; after 0.5.0, with bf16 v, the
  *   tiled kernel also rounds each
@@ -464,7 +471,8 @@ typedef enum sdpa_precision {
     SDPA_PRECISION_F32 = 1,
     /** The kernel may round the probabilities to V's storage dtype for P.V (as FlashAttention and
      *  PyTorch's CPU flash kernel do) and use bf16 dot products (AVX512-BF16 VDPBF16PS, AMX-BF16)
-     *  when q and k are both bf16. With f32 V the probabilities stay float32. */
+     *  when q and k are both bf16, and (0.6) int8 dot products (AVX512-VNNI) on a q8_0 k in the
+     *  decode kernel, q quantized per block of 32. With f32 V the probabilities stay float32. */
     SDPA_PRECISION_REDUCED = 2,
     SDPA_PRECISION_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_precision;

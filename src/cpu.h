@@ -23,6 +23,7 @@ typedef struct sdpa__cpu {
     bool avx512f, avx512bw, avx512vl;
     bool avx512bf16; /* VCVTNE2PS2BF16, VCVTNEPS2BF16, VDPBF16PS */
     bool avx512fp16;
+    bool avx512vnni; /* VPDPBUSD (0.6: REDUCED q8_0 key scores) */
     bool amx_tile, amx_bf16;
 } sdpa__cpu;
 

@@ -119,6 +119,14 @@ void sdpa__dispatch_set_max_isa_for_testing(int isa) {
     atomic_store_explicit(&g_test_cap, isa < 0 ? -1 : isa, memory_order_relaxed);
 }
 
+const sdpa__mk_kv *sdpa__dispatch_mk_kv_q8_0_reduced(void) {
+#if defined(SDPA_HAVE_MK_AVX512VNNI)
+    if (sdpa__dispatch_isa() == SDPA__ISA_AVX512 && sdpa__cpu_features()->avx512vnni)
+        return &sdpa__mk_kv_q8_0_avx512vnni;
+#endif
+    return NULL;
+}
+
 const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16(void) {
     const sdpa__isa isa = sdpa__dispatch_isa();
     if (!sdpa__cpu_features()->avx512bf16)

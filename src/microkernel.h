@@ -116,6 +116,12 @@ extern const sdpa__mk_kv sdpa__mk_kv_avx2[SDPA__KV_DTYPES]; /* -mavx2 -mfma -mf1
 extern const sdpa__mk_kv sdpa__mk_kv_avx512[SDPA__KV_DTYPES]; /* -mavx512f -mavx512bw -mavx512vl */
 #endif
 
+#if defined(SDPA_HAVE_MK_AVX512VNNI)
+/* 0.6, SDPA_PRECISION_REDUCED with a q8_0 K: scores by int8 dot products on a per-block int8
+ * quantization of q (src/microkernel_avx512vnni.c; dot members only). */
+extern const sdpa__mk_kv sdpa__mk_kv_q8_0_avx512vnni;
+#endif
+
 extern const sdpa__mk sdpa__mk_portable;
 #if defined(SDPA_HAVE_AVX2)
 extern const sdpa__mk sdpa__mk_avx2; /* src/microkernel_avx2.c, built with -mavx2 -mfma */

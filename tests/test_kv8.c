@@ -878,6 +878,113 @@ static void kv8_guard_pages_no_out_of_bounds_read(void **state) {
     free(rf);
 }
 
+/* SDPA_PRECISION_REDUCED with a q8_0 K: where the CPU has AVX512-VNNI the decode kernel scores
+ * with int8 dot products on a per-block quantized q ("decode-avx512vnni"), within the header's
+ * bound against the float64 reference on the dequantized values (and not the exact result, so
+ * the path ran); below AVX512 REDUCED keeps the exact scores (the DEFAULT bits). */
+static void kv8_reduced_q8_0_int8_scores_within_bound(void **state) {
+    (void)state;
+    static const int64_t klen[B] = {70, 45};
+    const double u = 0x1p-24, scale = 1.0 / sqrt((double)E);
+    int ran = 0;
+    for (int vd = 0; vd < 2; ++vd) {
+        store k, v;
+        store_make(&k, SDPA_DTYPE_Q8_0, E, false, 0);
+        store_make(&v, vd == 0 ? SDPA_DTYPE_F32 : SDPA_DTYPE_Q8_0, EV, false, 0);
+        for (int64_t L = 1; L <= 3; L += 2) {
+            float *q = malloc(sizeof(float) * B * HQ * L * E);
+            for (int64_t i = 0; i < B * HQ * L * E; ++i)
+                q[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f); /* blocks with an outlier, as activations have */
+            double *ref = malloc(sizeof(double) * B * HQ * L * EV);
+            reference(q, L, &k, &v, klen, ref);
+            double vmax = 0.0;
+            for (int64_t i = 0; i < B * HKV * S * EV; ++i)
+                vmax = fmax(vmax, fabs((double)v.deq[i]));
+            result *rr = malloc(sizeof *rr), *rd = malloc(sizeof *rd);
+            for (int isa = SDPA__ISA_PORTABLE; isa < SDPA__ISA_COUNT; ++isa) {
+                if (!sdpa__cpu_has_isa(isa))
+                    continue;
+                const bool vnni = isa == SDPA__ISA_AVX512 && sdpa__cpu_features()->avx512vnni;
+                sdpa__dispatch_set_max_isa_for_testing(isa);
+                sdpa_tensor tq, to;
+                const int64_t qsh[4] = {B, HQ, L, E}, osh[4] = {B, HQ, L, EV};
+                assert_int_equal(sdpa_tensor_init(&tq, q, 4, qsh), SDPA_OK);
+                sdpa_options o;
+                sdpa_options_init(&o);
+                o.causal = 1;
+                o.alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+                o.key_lengths = klen;
+                o.kernel = SDPA_KERNEL_DECODE;
+                for (int prec = 0; prec < 2; ++prec) {
+                    result *r = prec ? rr : rd;
+                    o.precision = prec ? SDPA_PRECISION_REDUCED : SDPA_PRECISION_DEFAULT;
+                    assert_int_equal(sdpa_tensor_init(&to, r->out, 4, osh), SDPA_OK);
+                    assert_int_equal(sdpa_attention(&tq, &k.t, &v.t, &o, &to, NULL, NULL), SDPA_OK);
+                    snprintf(r->kernel, sizeof r->kernel, "%s", sdpa_last_kernel());
+                }
+                const size_t no = (size_t)B * HQ * L * EV;
+                if (!vnni) {
+                    if (memcmp(rr->out, rd->out, no * sizeof(float)) != 0 || strstr(rr->kernel, "vnni") != NULL)
+                        fail_msg("isa %d: REDUCED q8_0 without VNNI differs from DEFAULT (%s)", isa, rr->kernel);
+                    continue;
+                }
+                if (strncmp(rr->kernel, "decode-avx512vnni", 17) != 0 && strncmp(rr->kernel, "decode-split-avx512vnni", 23) != 0)
+                    fail_msg("REDUCED q8_0 K at AVX512 with VNNI ran %s", rr->kernel);
+                bool differs = false;
+                for (int64_t b = 0; b < B; ++b)
+                    for (int64_t h = 0; h < HQ; ++h)
+                        for (int64_t i = 0; i < L; ++i) {
+                            const float *qi = q + ((b * HQ + h) * L + i) * E;
+                            const int64_t g = h / (HQ / HKV), last = i + klen[b] - L; /* causal bottom-right */
+                            double A = 0.0, T = 0.0, dq = 0.0;
+                            for (int64_t j = 0; j <= last && j < klen[b]; ++j) {
+                                const float *kj = k.deq + b * k.tf.strides[0] + g * k.tf.strides[1] + j * k.tf.strides[2];
+                                double a = 0.0, sc = 0.0, dj = 0.0;
+                                for (int64_t blk = 0; blk < E / 32; ++blk) {
+                                    double amax = 0.0, ks = 0.0;
+                                    for (int64_t e = 32 * blk; e < 32 * blk + 32; ++e) {
+                                        amax = fmax(amax, fabs((double)qi[e]));
+                                        ks += fabs((double)kj[e]);
+                                        a += fabs((double)qi[e] * kj[e]);
+                                        sc += (double)qi[e] * kj[e];
+                                    }
+                                    dj += amax / 254.0 * (1.0 + 0x1p-13) * ks;
+                                }
+                                A = fmax(A, scale * a);
+                                T = fmax(T, fabs(scale * sc));
+                                dq = fmax(dq, scale * dj);
+                            }
+                            const double delta = (E + 2) * u * A + 8 * u * T + dq;
+                            const double n = (double)(last + 1 < klen[b] ? last + 1 : klen[b]);
+                            const double bound = vmax * ((exp(2 * delta) - 1) + (3 * n + 32) * u) + (3 * n + 32) * 0x1p-150;
+                            for (int64_t d = 0; d < EV; ++d) {
+                                const size_t at = (size_t)(((b * HQ + h) * L + i) * EV + d);
+                                const double err = fabs((double)rr->out[at] - ref[at]);
+                                if (err > bound)
+                                    fail_msg("REDUCED q8_0 out[%zu] = %.9g, float64 %.9g: error %g > bound %g", at,
+                                             (double)rr->out[at], ref[at], err, bound);
+                                differs |= rr->out[at] != rd->out[at];
+                            }
+                        }
+                if (!differs)
+                    fail_msg("REDUCED q8_0 with VNNI gave the exact (DEFAULT) bits: the int8 path did not run");
+                ++ran;
+            }
+            sdpa__dispatch_set_max_isa_for_testing(-1);
+            free(rr);
+            free(rd);
+            free(ref);
+            free(q);
+        }
+        store_free(&k);
+        store_free(&v);
+    }
+    if (ran == 0)
+        printf("# REDUCED q8_0 int8 scores: not run (the CPU lacks AVX512-VNNI or AVX-512)\n");
+    else
+        printf("# REDUCED q8_0 int8 scores: %d runs within the bound\n", ran);
+}
+
 /* ============================================================ NaN / Inf */
 
 static void kv8_non_finite_attended_fails_masked_is_never_read(void **state) {
@@ -1112,6 +1219,7 @@ int main(void) {
         cmocka_unit_test(kv8_paged_and_packed_match_f32),
         cmocka_unit_test(kv8_packed_cu_seqlens_k_matches_f32),
         cmocka_unit_test(kv8_guard_pages_no_out_of_bounds_read),
+        cmocka_unit_test(kv8_reduced_q8_0_int8_scores_within_bound),
         cmocka_unit_test(kv8_non_finite_attended_fails_masked_is_never_read),
         cmocka_unit_test(kv8_validation_errors),
         cmocka_unit_test(kv8_cost_counts_block_bytes),
