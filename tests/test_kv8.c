@@ -102,9 +102,11 @@ static uint32_t rnd(void) {
 }
 static float frand(void) { return (float)(rnd() % 20001) / 20000.0f - 0.5f; }
 
-/* A random q8_0 block: d a binary16 with exponent 9..14 (about 2^-6 .. 1), any sign; qs any. */
+/* A random q8_0 block: d a binary16 with exponent field g_q8_exp .. g_q8_exp + g_q8_exps - 1
+ * (by default 9..14: about 2^-6 .. 1), any sign; qs any. */
+static unsigned g_q8_exp = 9, g_q8_exps = 6;
 static void rand_q8_block(unsigned char *blk) {
-    const uint16_t h = (uint16_t)(((rnd() & 1) << 15) | ((9 + rnd() % 6) << 10) | (rnd() & 1023));
+    const uint16_t h = (uint16_t)(((rnd() & 1) << 15) | ((g_q8_exp + rnd() % g_q8_exps) << 10) | (rnd() & 1023));
     blk[0] = (unsigned char)(h & 0xFF);
     blk[1] = (unsigned char)(h >> 8);
     for (int j = 0; j < 32; ++j)
@@ -887,14 +889,19 @@ static void kv8_reduced_q8_0_int8_scores_within_bound(void **state) {
     static const int64_t klen[B] = {70, 45};
     const double u = 0x1p-24, scale = 1.0 / sqrt((double)E);
     int ran = 0;
+    double worst = 0.0;
     for (int vd = 0; vd < 2; ++vd) {
         store k, v;
+        /* keys of a trained model's size (|k| <= 2: d in [2^-9, 2^-6)), so that the scores are
+         * O(1) and the bound is tight enough to tell a wrong int8 product */
+        g_q8_exp = 6, g_q8_exps = 3;
         store_make(&k, SDPA_DTYPE_Q8_0, E, false, 0);
+        g_q8_exp = 9, g_q8_exps = 6;
         store_make(&v, vd == 0 ? SDPA_DTYPE_F32 : SDPA_DTYPE_Q8_0, EV, false, 0);
         for (int64_t L = 1; L <= 3; L += 2) {
             float *q = malloc(sizeof(float) * B * HQ * L * E);
             for (int64_t i = 0; i < B * HQ * L * E; ++i)
-                q[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f); /* blocks with an outlier, as activations have */
+                q[i] = frand() * (L == 3 && i % 7 == 0 ? 8.0f : 1.0f); /* L = 3: outliers, as activations have */
             double *ref = malloc(sizeof(double) * B * HQ * L * EV);
             reference(q, L, &k, &v, klen, ref);
             double vmax = 0.0;
@@ -960,6 +967,7 @@ static void kv8_reduced_q8_0_int8_scores_within_bound(void **state) {
                             for (int64_t d = 0; d < EV; ++d) {
                                 const size_t at = (size_t)(((b * HQ + h) * L + i) * EV + d);
                                 const double err = fabs((double)rr->out[at] - ref[at]);
+                                worst = fmax(worst, err / bound);
                                 if (err > bound)
                                     fail_msg("REDUCED q8_0 out[%zu] = %.9g, float64 %.9g: error %g > bound %g", at,
                                              (double)rr->out[at], ref[at], err, bound);
@@ -982,7 +990,69 @@ static void kv8_reduced_q8_0_int8_scores_within_bound(void **state) {
     if (ran == 0)
         printf("# REDUCED q8_0 int8 scores: not run (the CPU lacks AVX512-VNNI or AVX-512)\n");
     else
-        printf("# REDUCED q8_0 int8 scores: %d runs within the bound\n", ran);
+        printf("# REDUCED q8_0 int8 scores: %d runs within the bound (largest error/bound %.3g)\n", ran, worst);
+}
+
+/* The int8 score column itself: every score within |s - s64| <= sum_b (amax_b / 254)(1 + 2^-13)
+ * sum_{e in b} |k_e| + (E + 2) u sum_e |q_e k_e| (sdpa.h, REDUCED), on random blocks (qs -128
+ * included), keys of mixed sizes, and positive q and k (where clipping or a wrong offset would
+ * add up). */
+static void kv8_reduced_q8_0_score_column_bound(void **state) {
+    (void)state;
+    if (!sdpa__cpu_has_isa(SDPA__ISA_AVX512) || !sdpa__cpu_features()->avx512vnni) {
+        printf("# int8 score column: not run (the CPU lacks AVX512-VNNI)\n");
+        return;
+    }
+    sdpa__dispatch_set_max_isa_for_testing(SDPA__ISA_AVX512);
+    const sdpa__mk_kv *col = sdpa__dispatch_mk_kv_q8_0_reduced();
+    assert_non_null(col);
+    sdpa__dispatch_set_max_isa_for_testing(SDPA__ISA_AVX2);
+    assert_null(sdpa__dispatch_mk_kv_q8_0_reduced()); /* below AVX512: none */
+    sdpa__dispatch_set_max_isa_for_testing(-1);
+    enum { NE = 128, NK = 37 };
+    static unsigned char kb[NK * (NE / 32) * 34] __attribute__((aligned(2)));
+    float q[NE], s[NK];
+    double worst = 0.0;
+    for (int round = 0; round < 40; ++round) {
+        const bool positive = round % 2 == 1;
+        for (int e = 0; e < NE; ++e)
+            q[e] = positive ? fabsf(frand()) + 0.01f : frand() * (e % 11 == 0 ? 6.0f : 1.0f);
+        for (int t = 0; t < NK; ++t)
+            for (int b = 0; b < NE / 32; ++b) {
+                unsigned char *blk = kb + (t * (NE / 32) + b) * 34;
+                g_q8_exp = 4 + (unsigned)(t % 6), g_q8_exps = 2;
+                rand_q8_block(blk);
+                if (positive) {
+                    blk[1] &= 0x7F;
+                    for (int j = 0; j < 32; ++j)
+                        blk[2 + j] &= 0x7F;
+                }
+            }
+        g_q8_exp = 9, g_q8_exps = 6;
+        col->dot_rows(q, NE, kb, NE / 32, NK, s, NULL);
+        for (int t = 0; t < NK; ++t) {
+            double exact = 0.0, absqk = 0.0, bq = 0.0;
+            for (int b = 0; b < NE / 32; ++b) {
+                double amax = 0.0, ks = 0.0;
+                for (int j = 0; j < 32; ++j) {
+                    const int e = 32 * b + j;
+                    const double kv = q8_value(kb + (t * (NE / 32) + b) * 34, j);
+                    amax = fmax(amax, fabs((double)q[e]));
+                    ks += fabs(kv);
+                    exact += (double)q[e] * kv;
+                    absqk += fabs((double)q[e] * kv);
+                }
+                bq += amax / 254.0 * (1.0 + 0x1p-13) * ks;
+            }
+            const double bound = bq + (NE + 2) * 0x1p-24 * absqk;
+            const double err = fabs((double)s[t] - exact);
+            worst = fmax(worst, err / bound);
+            if (err > bound)
+                fail_msg("int8 score round %d key %d: %.9g, exact %.9g (error %g > %g)", round, t, (double)s[t], exact,
+                         err, bound);
+        }
+    }
+    printf("# int8 score column: largest error/bound %.3g\n", worst);
 }
 
 /* ============================================================ NaN / Inf */
@@ -1220,6 +1290,7 @@ int main(void) {
         cmocka_unit_test(kv8_packed_cu_seqlens_k_matches_f32),
         cmocka_unit_test(kv8_guard_pages_no_out_of_bounds_read),
         cmocka_unit_test(kv8_reduced_q8_0_int8_scores_within_bound),
+        cmocka_unit_test(kv8_reduced_q8_0_score_column_bound),
         cmocka_unit_test(kv8_non_finite_attended_fails_masked_is_never_read),
         cmocka_unit_test(kv8_validation_errors),
         cmocka_unit_test(kv8_cost_counts_block_bytes),
