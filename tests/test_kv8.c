@@ -29,6 +29,7 @@
  * ISA levels the CPU lacks are printed as "not run".
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1055,6 +1056,63 @@ static void kv8_reduced_q8_0_score_column_bound(void **state) {
     printf("# int8 score column: largest error/bound %.3g\n", worst);
 }
 
+/* Concurrency: 4 threads run 8-bit calls (q8_0 / FP8 with scales / mixed, every kernel, 2
+ * threads each) on shared read-only caches at the same time; each result equals the one computed
+ * alone first (no shared mutable state in the loaders, conversions or micro-kernels). */
+typedef struct cjob {
+    const float *q;
+    const store *k, *v;
+    int kernel;
+    const sdpa_tensor *vs;
+    const result *want;
+    int bad;
+} cjob;
+
+static void *cjob_run(void *arg) {
+    cjob *j = (cjob *)arg;
+    static const int64_t klen[B] = {70, 45};
+    result *r = malloc(sizeof *r);
+    for (int it = 0; it < 20 && !j->bad; ++it) {
+        if (attend(j->q, 3, &j->k->t, &j->v->t, j->kernel, klen, NULL, j->vs, 2, r) != SDPA_OK ||
+            memcmp(r->out, j->want->out, sizeof(float) * B * HQ * 3 * EV) != 0)
+            j->bad = 1;
+    }
+    free(r);
+    return NULL;
+}
+
+static void kv8_concurrent_calls_are_independent(void **state) {
+    (void)state;
+    static const int kernels[4] = {SDPA_KERNEL_REFERENCE, SDPA_KERNEL_TILED, SDPA_KERNEL_DECODE, SDPA_KERNEL_AUTO};
+    static const int64_t klen[B] = {70, 45};
+    store k, v;
+    store_make(&k, SDPA_DTYPE_Q8_0, E, false, 0);
+    store_make(&v, SDPA_DTYPE_FP8_E5M2, EV, true, 2);
+    sdpa_tensor vs;
+    scale_view(&vs, &v, 2);
+    float *q = malloc(sizeof(float) * B * HQ * 3 * E);
+    for (int64_t i = 0; i < B * HQ * 3 * E; ++i)
+        q[i] = frand();
+    result *want = malloc(4 * sizeof *want);
+    cjob jobs[4];
+    pthread_t th[4];
+    for (int t = 0; t < 4; ++t) {
+        assert_int_equal(attend(q, 3, &k.t, &v.t, kernels[t], klen, NULL, &vs, 1, &want[t]), SDPA_OK);
+        jobs[t] = (cjob){q, &k, &v, kernels[t], &vs, &want[t], 0};
+    }
+    for (int t = 0; t < 4; ++t)
+        assert_int_equal(pthread_create(&th[t], NULL, cjob_run, &jobs[t]), 0);
+    for (int t = 0; t < 4; ++t) {
+        pthread_join(th[t], NULL);
+        if (jobs[t].bad)
+            fail_msg("thread %d (kernel %d): a concurrent 8-bit call differs from the call alone", t, kernels[t]);
+    }
+    free(want);
+    free(q);
+    store_free(&k);
+    store_free(&v);
+}
+
 /* ============================================================ NaN / Inf */
 
 static void kv8_non_finite_attended_fails_masked_is_never_read(void **state) {
@@ -1291,6 +1349,7 @@ int main(void) {
         cmocka_unit_test(kv8_guard_pages_no_out_of_bounds_read),
         cmocka_unit_test(kv8_reduced_q8_0_int8_scores_within_bound),
         cmocka_unit_test(kv8_reduced_q8_0_score_column_bound),
+        cmocka_unit_test(kv8_concurrent_calls_are_independent),
         cmocka_unit_test(kv8_non_finite_attended_fails_masked_is_never_read),
         cmocka_unit_test(kv8_validation_errors),
         cmocka_unit_test(kv8_cost_counts_block_bytes),
