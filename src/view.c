@@ -416,12 +416,12 @@ sdpa_status sdpa__check_view(const sdpa_tensor *t, const char *fn, const char *n
     if (st != SDPA_OK)
         return st;
     SDPA__TRY(check_block_stride(fn, name, t->dtype, t->rank, ss, t->strides));
-    int64_t numel = 1;
+    int64_t numel = 1; /* storage units (q8_0: blocks), checked by sdpa__check_geometry */
     for (int32_t d = 0; d < t->rank; ++d)
-        numel *= t->shape[d];
+        numel *= ss[d];
     if (numel > 0 && t->data == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL but the view has %lld elements", fn,
-                          name, (long long)numel);
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL but the view has %lld %s", fn,
+                          name, (long long)numel, t->dtype == SDPA_DTYPE_Q8_0 ? "blocks" : "elements");
     if ((st = check_address_range(fn, name, t->data, t->rank, ss, t->strides, elem)) != SDPA_OK)
         return st;
     return check_data_aligned(fn, name, t->data, t->rank, ss, data_align(t->dtype, elem));
@@ -470,10 +470,10 @@ static sdpa_status init_view(const char *fn, sdpa_tensor *view, const void *data
     SDPA__TRY(check_block_stride(fn, "view", (int32_t)dtype, rank, ss, strides));
     int64_t numel = 1;
     for (int32_t d = 0; d < rank; ++d)
-        numel *= shape[d]; /* no overflow: checked by sdpa__check_geometry (q8_0: 32 x its blocks) */
+        numel *= ss[d]; /* no overflow: checked by sdpa__check_geometry (q8_0: blocks) */
     if (data == NULL && numel > 0)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld elements", fn,
-                          (long long)numel);
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld %s", fn,
+                          (long long)numel, dtype == SDPA_DTYPE_Q8_0 ? "blocks" : "elements");
     st = check_address_range(fn, "view", data, rank, ss, strides, elem);
     if (st == SDPA_OK)
         st = check_data_aligned(fn, "view", data, rank, ss, data_align((int32_t)dtype, elem));

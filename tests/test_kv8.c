@@ -1236,6 +1236,10 @@ static void kv8_validation_errors(void **state) {
     EXPECT(sdpa_tensor_init_strided(&t, buf, SDPA_DTYPE_Q8_0, 2, sh2, st_ok), SDPA_OK, NULL);
     EXPECT(sdpa_tensor_init_strided(&t, buf + 1, SDPA_DTYPE_Q8_0, 2, sh2, st_ok), SDPA_ERR_ALIGNMENT, NULL);
     EXPECT(sdpa_tensor_init_strided(&t, buf + 1, SDPA_DTYPE_FP8_E5M2, 2, sh2, st_ok), SDPA_OK, NULL);
+    /* a broadcast view with 2^67 logical elements over 2^62 blocks: no int64 overflow on the way */
+    const int64_t huge[2] = {(int64_t)1 << 57, 1024}, bcast[2] = {0, 1};
+    EXPECT(sdpa_tensor_init_strided(&t, buf, SDPA_DTYPE_Q8_0, 2, huge, bcast), SDPA_OK, NULL);
+    EXPECT(sdpa_tensor_init_strided(&t, NULL, SDPA_DTYPE_Q8_0, 2, huge, bcast), SDPA_ERR_NULL_POINTER, "blocks");
     /* a hand-made view that breaks the rules reaches sdpa_attention */
     sdpa_tensor kb = k;
     kb.shape[3] = 48;
