@@ -163,7 +163,8 @@ SDPA_API const char *sdpa_last_error_message(void);
  *         (then the micro-kernel's ISA, e.g. "tiled-avx2", "tiled-avx512bf16" for the bf16 dot
  *         products of SDPA_PRECISION_REDUCED); with reduced-precision storage (0.4) a dtype
  *         suffix follows: the dtype of K and V ("-f16", "-bf16"; "-f32" for a float32 cache
- *         with a reduced q; "-mixed" when K and V differ), e.g. "decode-avx2-f16",
+ *         with a reduced q; 0.6: "-q8_0", "-fp8_e4m3", "-fp8_e5m2" for 8-bit caches;
+ *         "-mixed" when K and V differ), e.g. "decode-avx2-f16",
  *         "reference-bf16". Float32 q, k and v keep the suffix-less 0.3 names. "none" when
  *         the call had no query row. A packed batch (cu_seqlens_q) names the kernel of its
  *         last sequence that has query rows (its sequences may run on different kernels).
@@ -182,8 +183,38 @@ typedef enum sdpa_dtype {
     SDPA_DTYPE_F32 = 0,  /**< IEEE 754 binary32 (float) */
     SDPA_DTYPE_F16 = 1,  /**< IEEE 754 binary16 (numpy float16, _Float16), stored as its 16-bit encoding */
     SDPA_DTYPE_BF16 = 2, /**< bfloat16 (the top 16 bits of a binary32; torch.bfloat16) */
+    /** (0.6) 8-bit block-quantized K/V cache, bit-compatible with ggml's `block_q8_0` (llama.cpp
+     *  `--cache-type-k/-v q8_0`): blocks of SDPA_Q8_0_BLOCK = 32 consecutive elements along
+     *  the LAST axis (the head width E or Ev), each SDPA_Q8_0_BLOCK_BYTES = 34 bytes
+     *  `{uint16_t d; int8_t qs[32];}` with d an IEEE binary16 scale (little-endian, as ggml
+     *  stores it); element i of a block is d * qs[i] (d widened exactly to float32, one float32
+     *  multiply: ggml's dequantize_row_q8_0). THE VIEW: its shape counts elements (the last
+     *  axis a multiple of 32, else SDPA_ERR_SHAPE naming the view); its strides count BLOCKS
+     *  (sdpa_dtype_size() = 34 bytes, the storage unit), and the last axis must be contiguous
+     *  blocks, stride 1 (else SDPA_ERR_STRIDE); data aligned to 2 bytes. sdpa_tensor_init_dtype()
+     *  gives last stride 1 and the next stride E / 32. A ggml tensor (ne[] in elements, nb[] in
+     *  bytes, multiples of 34) is the view with shape ne reversed and strides nb / 34 reversed.
+     *  A d that is Inf or NaN makes its 32 values non-finite (the finite check reports them).
+     *  Allowed for sdpa_attention()'s key and value only. */
+    SDPA_DTYPE_Q8_0 = 3,
+    /** (0.6) OCP 8-bit float E4M3FN (PyTorch float8_e4m3fn, vLLM kv_cache_dtype "fp8" /
+     *  "fp8_e4m3"): 1 sign, 4 exponent (bias 7), 3 mantissa bits, subnormals, no infinities,
+     *  NaN = S.1111.111 (0x7F, 0xFF), largest finite 448. One byte per element, ordinary
+     *  strides. The value is fp8 * scale (sdpa_options.k_scale / v_scale, default 1). Allowed
+     *  for sdpa_attention()'s key and value only. */
+    SDPA_DTYPE_FP8_E4M3 = 4,
+    /** (0.6) 8-bit float E5M2 (PyTorch float8_e5m2, vLLM "fp8_e5m2"): 1 sign, 5 exponent (bias
+     *  15), 2 mantissa bits: the top byte of an IEEE binary16, with Inf (S.11111.00) and NaN.
+     *  One byte per element; value fp8 * scale as for SDPA_DTYPE_FP8_E4M3. Key and value only. */
+    SDPA_DTYPE_FP8_E5M2 = 5,
     SDPA_DTYPE_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_dtype;
+
+/** (0.6) Elements per block of SDPA_DTYPE_Q8_0 (ggml QK8_0). */
+#define SDPA_Q8_0_BLOCK 32
+/** (0.6) Bytes per block of SDPA_DTYPE_Q8_0 (ggml sizeof(block_q8_0): an f16 scale and 32 int8);
+ *  sdpa_dtype_size(SDPA_DTYPE_Q8_0), the unit its strides count. */
+#define SDPA_Q8_0_BLOCK_BYTES 34
 
 /**
  * A non-owning strided view of a tensor (frozen layout; 160 bytes on LP64).
@@ -191,8 +222,12 @@ typedef enum sdpa_dtype {
  * from data (for float32: ((float *)data)[sum_d i_d * strides[d]]).
  * Strides are in elements and may be 0 (broadcast) or negative on inputs; outputs need
  * strides > 0 on every dimension of size > 1 and must not overlap themselves.
+ * 8-bit dtypes (0.6): FP8 views are ordinary 1-byte views; a q8_0 view's shape counts
+ * elements and its strides count 34-byte blocks (see SDPA_DTYPE_Q8_0): element [.., e] is
+ * value e % 32 of block e / 32 of its row, the row at sdpa_dtype_size(dtype) * sum_{d<last}
+ * i_d * strides[d] bytes.
  * Alignment (0.6): the data pointer of a view with at least one element must be a multiple of
- * its element size (sdpa_dtype_size(): 4 for float32, 2 for float16 and bfloat16), as a C
+ * its element size (sdpa_dtype_size(): 4 for float32, 2 for float16 and bfloat16; q8_0: 2), as a C
  * pointer of that type must be and as PyTorch, ONNX Runtime and numpy's aligned arrays give;
  * since strides count elements, every element is then aligned too. A misaligned view, e.g.
  * (float *)(buf + 3), is SDPA_ERR_ALIGNMENT from the constructors and from every function
@@ -231,12 +266,14 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_4d(sdpa_tensor *view, float
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_tensor_init_3d(sdpa_tensor *view, float *data, int64_t d0,
                                                         int64_t d1, int64_t d2);
 
-/** @return the size in bytes of one element of `dtype` (4 for F32, 2 for F16 and BF16), or 0 if
- *  dtype is not an sdpa_dtype. (0.4) */
+/** @return the size in bytes of one element of `dtype` (4 for F32, 2 for F16 and BF16; 0.6: 1
+ *  for FP8_E4M3 and FP8_E5M2, and for Q8_0 the 34 bytes of one block of 32 elements, the unit
+ *  a q8_0 view's strides count), or 0 if dtype is not an sdpa_dtype. (0.4) */
 SDPA_API size_t sdpa_dtype_size(sdpa_dtype dtype);
 
 /** @return a static name of `dtype` as numpy/PyTorch spell it: "float32", "float16",
- *  "bfloat16", or "unknown". Never NULL. (0.4) */
+ *  "bfloat16"; 0.6: "q8_0" (ggml's name), "fp8_e4m3", "fp8_e5m2" (vLLM's kv_cache_dtype
+ *  names); or "unknown". Never NULL. (0.4) */
 SDPA_API const char *sdpa_dtype_name(sdpa_dtype dtype);
 
 /**
@@ -393,7 +430,14 @@ typedef enum sdpa_kernel {
  *   bf16 subnormal (VDPBF16PS and AMX read subnormals as 0). When v is bf16 and P.V uses bf16
  *   dot products, err also gains (2n + 1) * 2^-126 (absolute: bf16 subnormal v values read as
  *   0, subnormal partial sums flushed). REDUCED never rounds a q or k value: f32 or f16 q/k
- *   keep the F32 score arithmetic.
+ *   keep the F32 score arithmetic, except (0.6) a q8_0 k: where the CPU has AVX512-VNNI
+ *   (ISA AVX512) the decode kernel scores a q8_0 K cache by int8 dot products, as ggml's
+ *   q8_0 x q8_0 dot: each q row is quantized per block b of 32 elements to int8 with
+ *   d_b = amax_b / 127 (amax_b = max |q_e| over the block; d_b kept in float32; nearest even),
+ *   and δ gains |scale| * sum_b (amax_b / 254) * (1 + 2^-13) * sum_{e in b} |k_je| (the
+ *   q quantization; k is the dequantized value, read exactly). sdpa_last_kernel() then names
+ *   "decode-avx512vnni" (or "decode-split-avx512vnni"). The tiled and reference kernels, V and
+ *   the FP8 dtypes keep the F32 arithmetic on the dequantized values under REDUCED.
  *   Since 0.5.0 (the 0.4 core), REDUCED computes Q.K^T with VDPBF16PS in the tiled and decode
  *   kernels when q and k are bf16 and the CPU has AVX512-BF16; after 0.5.0, with bf16 v, the
  *   tiled kernel also rounds each
@@ -428,7 +472,8 @@ typedef enum sdpa_precision {
     SDPA_PRECISION_F32 = 1,
     /** The kernel may round the probabilities to V's storage dtype for P.V (as FlashAttention and
      *  PyTorch's CPU flash kernel do) and use bf16 dot products (AVX512-BF16 VDPBF16PS, AMX-BF16)
-     *  when q and k are both bf16. With f32 V the probabilities stay float32. */
+     *  when q and k are both bf16, and (0.6) int8 dot products (AVX512-VNNI) on a q8_0 k in the
+     *  decode kernel, q quantized per block of 32. With f32 V the probabilities stay float32. */
     SDPA_PRECISION_REDUCED = 2,
     SDPA_PRECISION_FORCE_INT32_ = 0x7FFFFFFF /**< not a value: keeps the enum int-sized */
 } sdpa_precision;
@@ -641,6 +686,19 @@ typedef struct sdpa_options {
     /** Sequences R of a packed batch (0 <= R < 2^31, else SDPA_ERR_INVALID_ARGUMENT; used only
      *  with cu_seqlens_q). */
     int64_t num_seqs;
+
+    /* ---- appended in 0.6: 8-bit K/V caches (a 0.5 caller's smaller struct_size leaves these NULL) ---- */
+    /** Scale of an FP8 key cache (nullable; NULL = 1): a float32 view, the key's element value
+     *  being fp8 * scale, one float32 multiply (vLLM kv_cache_dtype "fp8" with `k_scale`,
+     *  FlashAttention-3 descale_k). Shapes: [1] (per tensor) or [Hkv] (per kv head, vLLM's
+     *  per-head scales; any stride); per-token scales are not taken (SDPA_ERR_SHAPE). Each
+     *  scale read must be finite and >= 0 (else SDPA_ERR_INVALID_ARGUMENT naming the entry,
+     *  always checked). Set while key is not SDPA_DTYPE_FP8_E4M3 / _FP8_E5M2:
+     *  SDPA_ERR_INVALID_ARGUMENT (q8_0 carries its scales in its blocks). Another dtype than
+     *  float32: SDPA_ERR_DTYPE; rank other than 1: SDPA_ERR_RANK. */
+    const sdpa_tensor *k_scale;
+    /** Scale of an FP8 value cache (nullable; NULL = 1): as k_scale, for value ([1] or [Hkv]). */
+    const sdpa_tensor *v_scale;
 } sdpa_options;
 
 /**
@@ -706,10 +764,26 @@ static inline void sdpa_options_init(sdpa_options *options) {
  *   (see sdpa_precision for what SDPA_PRECISION_REDUCED may change, and the error bounds);
  *   an f16/bf16 out is rounded once, to nearest even. The finite check and every masked-value
  *   guarantee hold for every dtype (f16/bf16 Inf and NaN encodings included).
+ * 8-bit K/V caches (0.6): k and v (only they: an 8-bit q, out or bias is SDPA_ERR_DTYPE) may
+ *   also be SDPA_DTYPE_Q8_0 (ggml block_q8_0; E or Ev a multiple of 32), SDPA_DTYPE_FP8_E4M3 or
+ *   SDPA_DTYPE_FP8_E5M2 (with options->k_scale / v_scale), independently of each other (a q8_0
+ *   K with an f16 V, as llama.cpp allows), for dense, strided, paged and packed calls, on every
+ *   kernel. Each stored element is dequantized exactly to float32 (q8_0: f16 d widened, times
+ *   the int8, one float32 multiply, as ggml's dequantize_row_q8_0; fp8: the exact float32 of
+ *   the encoding times the scale, one float32 multiply), and the call then computes attention
+ *   on those float32 K/V values exactly as for a float32 cache. Accuracy: the error against a
+ *   float64 evaluation on the DEQUANTIZED values is the float32 bound of sdpa_precision
+ *   (DEFAULT; every 8-bit dtype, every kernel and ISA). What the cache lost when it was written
+ *   (the quantization error: q8_0 about |d| / 2 per element, E4M3 2^-4 and E5M2 2^-3 relative,
+ *   times the scale) is the writer's, documented at sdpa_kv_write(). NaN encodings (E4M3FN
+ *   0x7F/0xFF, E5M2 exponent all ones, a q8_0 block whose d is Inf or NaN) in a row some query
+ *   attends are SDPA_ERR_NON_FINITE under the finite check; in a masked row they are never read.
  *
  * @param q       [in] query view [B, Hq, L, E] (or [B, L, E]), float32, float16 or bfloat16.
- * @param k       [in] key view [B, Hkv, S, E] (or [B, S, E]), float32, float16 or bfloat16.
- * @param v       [in] value view [B, Hkv, S, Ev] (or [B, S, Ev]), float32, float16 or bfloat16.
+ * @param k       [in] key view [B, Hkv, S, E] (or [B, S, E]), float32, float16 or bfloat16;
+ *                0.6: or q8_0, fp8_e4m3, fp8_e5m2 (an 8-bit cache; options->k_scale).
+ * @param v       [in] value view [B, Hkv, S, Ev] (or [B, S, Ev]), float32, float16 or bfloat16;
+ *                0.6: or q8_0, fp8_e4m3, fp8_e5m2 (options->v_scale).
  * @param options [in] nullable (= defaults); see sdpa_options.
  * @param out     [out] float32, float16 or bfloat16 [B, Hq, L, Ev]; its address range must not overlap the address
  *                range of any input or other output (checked conservatively on ranges).
@@ -1338,7 +1412,8 @@ typedef struct sdpa_cost {
      *  (b, kv head) attends (every key below the key count for score stages); v: Ev per key row
      *  of an allowed pair of that group; mask: 1 byte per pair inside the structural range
      *  (causal, window, lengths) of a non-padding row; bias: one element per such pair the mask
-     *  allows. Element sizes of each view's dtype. */
+     *  allows. Element sizes of each view's dtype (0.6: a q8_0 row of E elements is E / 32
+     *  blocks of 34 bytes; FP8 1 byte per element; the scales are not counted). */
     int64_t bytes_read_q;
     int64_t bytes_read_k;      /**< see bytes_read_q */
     int64_t bytes_read_v;      /**< see bytes_read_q */

@@ -7,8 +7,11 @@
  *  - the tiled kernel's score and P.V operations: the bf16 column (AVX512-BF16, or AMX when
  *    this process may use it and E, Ev fit) under SDPA_PRECISION_REDUCED for bf16 q and k
  *    (scores) and bf16 v (P.V), else the float32 lanes products; its tile sizes;
- *  - the decode kernel's bf16 dot products (REDUCED, bf16 q and k) and its rows kernels on K
- *    and V as stored, with their element sizes;
+ *  - the decode kernel's bf16 dot products (REDUCED, bf16 q and k), its int8 dot products
+ *    (REDUCED, q8_0 k, AVX512-VNNI: "decode-avx512vnni") and its rows kernels on K
+ *    and V as stored, with their element sizes (0.6: q8_0's is its 34-byte block, the unit its
+ *    row strides count; FP8 rows with a scale other than 1 reach the f32 column through the
+ *    loader's copy, load.c);
  *  - the row write-back of out's dtype and sdpa_last_kernel()'s names. */
 #include "internal.h"
 #include "dispatch.h"
@@ -29,7 +32,14 @@ static const char *dtype_tag(const sdpa__plan *p) {
         return "";
     if (p->k.dtype != p->v.dtype)
         return "-mixed";
-    return p->k.dtype == SDPA_DTYPE_F16 ? "-f16" : p->k.dtype == SDPA_DTYPE_BF16 ? "-bf16" : "-f32";
+    switch (p->k.dtype) {
+    case SDPA_DTYPE_F16: return "-f16";
+    case SDPA_DTYPE_BF16: return "-bf16";
+    case SDPA_DTYPE_Q8_0: return "-q8_0"; /* 0.6, the 8-bit K/V caches */
+    case SDPA_DTYPE_FP8_E4M3: return "-fp8_e4m3";
+    case SDPA_DTYPE_FP8_E5M2: return "-fp8_e5m2";
+    default: return "-f32";
+    }
 }
 
 /* The tiled kernel's operations and tile sizes. */
@@ -69,17 +79,23 @@ static void decode_entries(sdpa__ctx *c, const sdpa__plan *p) {
     c->kv_k = c->dot16 != NULL ? NULL : sdpa__dispatch_mk_kv(p->k.dtype);
     c->kv_v = sdpa__dispatch_mk_kv(p->v.dtype);
     if (c->kv_v == NULL)
-        c->kv_v = c->kv_f32; /* (validation admits f32, f16, bf16 only) */
+        c->kv_v = c->kv_f32; /* (every dtype validation admits has a column) */
     if (c->kv_k == NULL && c->dot16 == NULL)
         c->kv_k = c->kv_f32;
+    /* 0.6: REDUCED with a q8_0 K scores by int8 dot products where the CPU has them */
+    const sdpa__mk_kv *q8r = p->precision == SDPA_PRECISION_REDUCED && p->k.dtype == SDPA_DTYPE_Q8_0
+                                 ? sdpa__dispatch_mk_kv_q8_0_reduced()
+                                 : NULL;
+    if (q8r != NULL)
+        c->kv_k = q8r;
     c->k_elem = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)p->k.dtype);
     c->v_elem = (ptrdiff_t)sdpa_dtype_size((sdpa_dtype)p->v.dtype);
     const struct sdpa__mk_names {
         const char *d, *s;
     } n = c->dot16 != NULL ? (struct sdpa__mk_names){c->dot16->decode_name, c->dot16->decode_split_name}
                            : (struct sdpa__mk_names){c->mk->decode_name, c->mk->decode_split_name};
-    c->decode_name = n.d;
-    c->decode_split_name = n.s;
+    c->decode_name = q8r != NULL ? "decode-avx512vnni" : n.d;
+    c->decode_split_name = q8r != NULL ? "decode-split-avx512vnni" : n.s;
 }
 
 void sdpa__ctx_make(sdpa__ctx *c, const sdpa__plan *p) {

@@ -91,6 +91,40 @@ static inline uint16_t sdpa__f32_to_f16(float x) {
     return (uint16_t)(sign | (q + (rem > half || (rem == half && (q & 1u)))));
 }
 
+/* ---- 0.6: the 8-bit K/V dtypes (widened exactly; the writer's side is sdpa_kv_write) ----
+ *  - E4M3FN (OCP; torch.float8_e4m3fn): s.eeee.mmm, bias 7, no Inf; NaN = s.1111.111, widened
+ *    to the quiet NaN 0x7FC00000 with the sign kept; every other encoding is exactly a float32
+ *    (normal: (8 + m) * 2^(e - 10); subnormal: m * 2^-9).
+ *  - E5M2 (torch.float8_e5m2): the top byte of an IEEE binary16, widened as that binary16
+ *    (sdpa__f16_to_f32: Inf kept, NaN quiet with its payload).
+ *  - q8_0 (ggml block_q8_0): blocks of 34 bytes {uint16_t d (binary16); int8_t qs[32]};
+ *    element i = (float)qs[i] * d (d widened exactly, one float32 multiply: ggml
+ *    dequantize_row_q8_0).
+ *  - A scale (FP8 k_scale / v_scale) multiplies the widened value once, in float32 (1 leaves
+ *    every value as it is). Finite scans test the dequantized value (encoding and scale: a
+ *    finite encoding times a large finite scale may overflow). */
+#define SDPA__Q8_0_QK 32
+#define SDPA__Q8_0_BYTES 34
+
+static inline float sdpa__e4m3_to_f32(uint8_t b) {
+    const uint32_t sign = (uint32_t)(b & 0x80u) << 24;
+    const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    if ((b & 0x7Fu) == 0x7Fu)
+        return sdpa__f32_from_bits(sign | 0x7FC00000u);
+    if (e == 0) /* m * 2^-9, exact */
+        return sdpa__f32_from_bits(sign | sdpa__f32_bits((float)m * 0x1p-9f));
+    return sdpa__f32_from_bits(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+static inline float sdpa__e5m2_to_f32(uint8_t b) { return sdpa__f16_to_f32((uint16_t)((unsigned)b << 8)); }
+
+/* The scale d of the q8_0 block at blk (2-byte aligned). */
+static inline float sdpa__q8_0_d(const void *blk) {
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    return sdpa__f16_to_f32(h);
+}
+
 /* ---- the per-ISA table ---- */
 
 typedef struct sdpa__convert {
@@ -104,7 +138,28 @@ typedef struct sdpa__convert {
     /* Whether x[t * stride], t < n, are all finite (no Inf/NaN encoding). */
     bool (*finite_f16)(const uint16_t *x, ptrdiff_t stride, int64_t n);
     bool (*finite_bf16)(const uint16_t *x, ptrdiff_t stride, int64_t n);
+    /* 0.6, the 8-bit K/V dtypes (read side): dst[t] = widen(src[t * stride]) * scale (t < n); a
+     * q8_0 row of nblocks contiguous blocks into 32 * nblocks floats; finite scans of the
+     * dequantized values (scale: as widened). */
+    void (*widen_e4m3)(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale);
+    void (*widen_e5m2)(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale);
+    void (*widen_q8_0)(const void *src, int64_t nblocks, float *dst);
+    bool (*finite_e4m3)(const uint8_t *x, ptrdiff_t stride, int64_t n, float scale);
+    bool (*finite_e5m2)(const uint8_t *x, ptrdiff_t stride, int64_t n, float scale);
+    bool (*finite_q8_0)(const void *x, int64_t nblocks);
 } sdpa__convert;
+
+/* The portable 8-bit members (exact; every table may share them). */
+void sdpa__portable_widen_e4m3(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale);
+void sdpa__portable_widen_e5m2(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale);
+void sdpa__portable_widen_q8_0(const void *src, int64_t nblocks, float *dst);
+bool sdpa__portable_finite_e4m3(const uint8_t *x, ptrdiff_t stride, int64_t n, float scale);
+bool sdpa__portable_finite_e5m2(const uint8_t *x, ptrdiff_t stride, int64_t n, float scale);
+bool sdpa__portable_finite_q8_0(const void *x, int64_t nblocks);
+#define SDPA__CONVERT_8BIT_PORTABLE                                                                               \
+    .widen_e4m3 = sdpa__portable_widen_e4m3, .widen_e5m2 = sdpa__portable_widen_e5m2,                             \
+    .widen_q8_0 = sdpa__portable_widen_q8_0, .finite_e4m3 = sdpa__portable_finite_e4m3,                           \
+    .finite_e5m2 = sdpa__portable_finite_e5m2, .finite_q8_0 = sdpa__portable_finite_q8_0
 
 extern const sdpa__convert sdpa__convert_portable;     /* src/convert_portable.c */
 #if defined(SDPA_HAVE_CONVERT_AVX2)
@@ -119,6 +174,9 @@ void sdpa__avx512_narrow_f16(const float *src, int64_t n, uint16_t *dst, ptrdiff
 void sdpa__avx512_narrow_bf16(const float *src, int64_t n, uint16_t *dst, ptrdiff_t stride);
 bool sdpa__avx512_finite_f16(const uint16_t *x, ptrdiff_t stride, int64_t n);
 bool sdpa__avx512_finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n);
+void sdpa__avx512_widen_e4m3(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale);
+void sdpa__avx512_widen_e5m2(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale);
+void sdpa__avx512_widen_q8_0(const void *src, int64_t nblocks, float *dst);
 #endif
 #if defined(SDPA_HAVE_AVX512BF16)
 /* The AVX-512 table whose narrow_bf16 uses VCVTNEPS2BF16 (with a fix-up of denormal inputs,
@@ -139,6 +197,13 @@ extern const sdpa__convert sdpa__convert_neon;
  * sdpa_dtype of src (F32: a strided copy). Strides in elements of src; any sign, 0 allowed. */
 void sdpa__widen_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,
                       int64_t cols, float *dst, int64_t ld);
+/* 0.6: sdpa__widen_rows for every sdpa_dtype, the FP8 values times scale (ignored for the other
+ * dtypes). Q8_0: strides in blocks (rs), cs must be 1 and cols a multiple of 32. */
+void sdpa__widen_rows_scaled(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs,
+                             int64_t rows, int64_t cols, float *dst, int64_t ld, float scale);
+/* 0.6: sdpa__finite_rows for the 16-bit and 8-bit dtypes (FP8: the values times scale). */
+bool sdpa__finite_rows_scaled(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs,
+                              int64_t rows, int64_t cols, float scale);
 /* dst[r * rs + c * cs] = src[r * ld + c] rounded to `dtype` (nearest even; F32: a copy). */
 void sdpa__narrow_rows(const sdpa__convert *cv, int dtype, const float *src, int64_t ld, int64_t rows, int64_t cols,
                        void *dst, ptrdiff_t rs, ptrdiff_t cs);

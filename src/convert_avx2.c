@@ -116,6 +116,56 @@ AI bool finite16(const uint16_t *x, ptrdiff_t stride, int64_t n, uint16_t mask) 
 static bool finite_f16(const uint16_t *x, ptrdiff_t stride, int64_t n) { return finite16(x, stride, n, 0x7C00u); }
 static bool finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n) { return finite16(x, stride, n, 0x7F80u); }
 
+/* ---- 0.6: the 8-bit K/V dtypes (read side; convert.h's values, as convert_avx512.c) ---- */
+AI __m256 fp8x8_to_f32(int e4m3, __m128i b8) {
+    const __m128i x = _mm_cvtepu8_epi16(b8);
+    if (!e4m3)
+        return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
+    const __m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7F)), sgn = _mm_and_si128(x, _mm_set1_epi16(0x80));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(sgn, 8), _mm_slli_epi16(mag, 7));
+    const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256i nan32 = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)));
+    const __m256i qn = _mm256_or_si256(_mm256_slli_epi32(_mm256_cvtepu16_epi32(sgn), 24), _mm256_set1_epi32(0x7FC00000));
+    return _mm256_blendv_ps(f, _mm256_castsi256_ps(qn), _mm256_castsi256_ps(nan32));
+}
+
+AI void widen_fp8(int e4m3, const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale) {
+    int64_t t = 0;
+    if (stride == 1) {
+        const __m256 sc = _mm256_set1_ps(scale);
+        for (; t + 8 <= n; t += 8)
+            _mm256_storeu_ps(dst + t,
+                             _mm256_mul_ps(fp8x8_to_f32(e4m3, _mm_loadl_epi64((const __m128i *)(const void *)(src + t))), sc));
+    }
+    (e4m3 ? sdpa__portable_widen_e4m3 : sdpa__portable_widen_e5m2)(src + t * stride, stride, n - t, dst + t, scale);
+}
+
+static void widen_e4m3(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale) {
+    widen_fp8(1, src, stride, n, dst, scale);
+}
+
+static void widen_e5m2(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale) {
+    widen_fp8(0, src, stride, n, dst, scale);
+}
+
+static void widen_q8_0(const void *src, int64_t nblocks, float *dst) {
+    const char *blk = (const char *)src;
+    for (int64_t i = 0; i < nblocks; ++i, blk += SDPA__Q8_0_BYTES, dst += SDPA__Q8_0_QK) {
+        const __m256 d = _mm256_set1_ps(sdpa__q8_0_d(blk));
+        for (int j = 0; j < 4; ++j) {
+            const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + 8 * j));
+            _mm256_storeu_ps(dst + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+        }
+    }
+}
+
 const sdpa__convert sdpa__convert_avx2 = {
     "avx2-f16c", widen_f16, widen_bf16, narrow_f16, narrow_bf16, finite_f16, finite_bf16,
+    /* 0.6: the 8-bit widening of this ISA; the finite scans are the portable ones */
+    .finite_e4m3 = sdpa__portable_finite_e4m3,
+    .finite_e5m2 = sdpa__portable_finite_e5m2,
+    .finite_q8_0 = sdpa__portable_finite_q8_0,
+    .widen_e4m3 = widen_e4m3,
+    .widen_e5m2 = widen_e5m2,
+    .widen_q8_0 = widen_q8_0,
 };

@@ -44,4 +44,11 @@ const sdpa__convert sdpa__convert_avx512bf16 = {
     narrow_bf16,
     sdpa__avx512_finite_f16,
     sdpa__avx512_finite_bf16,
+    /* 0.6: the 8-bit widening of this ISA; the finite scans are the portable ones */
+    .finite_e4m3 = sdpa__portable_finite_e4m3,
+    .finite_e5m2 = sdpa__portable_finite_e5m2,
+    .finite_q8_0 = sdpa__portable_finite_q8_0,
+    .widen_e4m3 = sdpa__avx512_widen_e4m3,
+    .widen_e5m2 = sdpa__avx512_widen_e5m2,
+    .widen_q8_0 = sdpa__avx512_widen_q8_0,
 };

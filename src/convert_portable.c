@@ -55,9 +55,100 @@ static bool finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n) {
     return bad == 0;
 }
 
+/* ---- 0.6: the 8-bit K/V dtypes (convert.h) ---- */
+
+void sdpa__portable_widen_e4m3(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale) {
+    for (int64_t t = 0; t < n; ++t)
+        dst[t] = sdpa__e4m3_to_f32(src[t * stride]) * scale;
+}
+
+void sdpa__portable_widen_e5m2(const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale) {
+    for (int64_t t = 0; t < n; ++t)
+        dst[t] = sdpa__e5m2_to_f32(src[t * stride]) * scale;
+}
+
+void sdpa__portable_widen_q8_0(const void *src, int64_t nblocks, float *dst) {
+    const unsigned char *blk = (const unsigned char *)src;
+    for (int64_t i = 0; i < nblocks; ++i, blk += SDPA__Q8_0_BYTES) {
+        const float d = sdpa__q8_0_d(blk);
+        const int8_t *qs = (const int8_t *)(const void *)(blk + 2);
+        for (int j = 0; j < SDPA__Q8_0_QK; ++j)
+            dst[i * SDPA__Q8_0_QK + j] = (float)qs[j] * d;
+    }
+}
+
+/* No early exit (as the 16-bit scans). A value is finite iff its float32 is (the scale may
+ * overflow a finite encoding). */
+static bool finite_fp8(float (*widen1)(uint8_t), const uint8_t *x, ptrdiff_t stride, int64_t n, float scale) {
+    unsigned bad = 0;
+    for (int64_t t = 0; t < n; ++t)
+        bad |= (sdpa__f32_bits(widen1(x[t * stride]) * scale) & 0x7F800000u) == 0x7F800000u;
+    return bad == 0;
+}
+
+bool sdpa__portable_finite_e4m3(const uint8_t *x, ptrdiff_t stride, int64_t n, float scale) {
+    return finite_fp8(sdpa__e4m3_to_f32, x, stride, n, scale);
+}
+
+bool sdpa__portable_finite_e5m2(const uint8_t *x, ptrdiff_t stride, int64_t n, float scale) {
+    return finite_fp8(sdpa__e5m2_to_f32, x, stride, n, scale);
+}
+
+/* A q8_0 block's values are finite iff its d is (|d * q| <= 65504 * 128). */
+bool sdpa__portable_finite_q8_0(const void *x, int64_t nblocks) {
+    const unsigned char *blk = (const unsigned char *)x;
+    unsigned bad = 0;
+    for (int64_t i = 0; i < nblocks; ++i, blk += SDPA__Q8_0_BYTES) {
+        uint16_t h;
+        memcpy(&h, blk, sizeof h);
+        bad |= (h & 0x7C00u) == 0x7C00u;
+    }
+    return bad == 0;
+}
+
 const sdpa__convert sdpa__convert_portable = {
     "portable", widen_f16, widen_bf16, narrow_f16, narrow_bf16, finite_f16, finite_bf16,
+    SDPA__CONVERT_8BIT_PORTABLE,
 };
+
+static size_t unit_bytes(int dtype) {
+    return dtype == SDPA_DTYPE_F32 ? 4 : dtype == SDPA_DTYPE_Q8_0 ? SDPA__Q8_0_BYTES : dtype >= SDPA_DTYPE_FP8_E4M3 ? 1 : 2;
+}
+
+void sdpa__widen_rows_scaled(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs,
+                             int64_t rows, int64_t cols, float *dst, int64_t ld, float scale) {
+    if (dtype == SDPA_DTYPE_F32 || dtype == SDPA_DTYPE_F16 || dtype == SDPA_DTYPE_BF16) {
+        sdpa__widen_rows(cv, dtype, src, rs, cs, rows, cols, dst, ld);
+        return;
+    }
+    const ptrdiff_t rb = rs * (ptrdiff_t)unit_bytes(dtype);
+    for (int64_t r = 0; r < rows; ++r) {
+        const unsigned char *x = (const unsigned char *)src + r * rb;
+        float *d = dst + r * ld;
+        if (dtype == SDPA_DTYPE_Q8_0)
+            cv->widen_q8_0(x, cols / SDPA__Q8_0_QK, d);
+        else
+            (dtype == SDPA_DTYPE_FP8_E4M3 ? cv->widen_e4m3 : cv->widen_e5m2)(x, cs, cols, d, scale);
+    }
+}
+
+bool sdpa__finite_rows_scaled(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs,
+                              int64_t rows, int64_t cols, float scale) {
+    if (dtype == SDPA_DTYPE_F16 || dtype == SDPA_DTYPE_BF16)
+        return sdpa__finite_rows(cv, dtype, src, rs, cs, rows, cols);
+    if (dtype != SDPA_DTYPE_Q8_0 && dtype != SDPA_DTYPE_FP8_E4M3 && dtype != SDPA_DTYPE_FP8_E5M2)
+        return false;
+    const ptrdiff_t rb = rs * (ptrdiff_t)unit_bytes(dtype);
+    bool ok = true;
+    for (int64_t r = 0; r < rows; ++r) {
+        const unsigned char *x = (const unsigned char *)src + r * rb;
+        if (dtype == SDPA_DTYPE_Q8_0)
+            ok &= cv->finite_q8_0(x, cols / SDPA__Q8_0_QK);
+        else
+            ok &= (dtype == SDPA_DTYPE_FP8_E4M3 ? cv->finite_e4m3 : cv->finite_e5m2)(x, cs, cols, scale);
+    }
+    return ok;
+}
 
 void sdpa__widen_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,
                       int64_t cols, float *dst, int64_t ld) {

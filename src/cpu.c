@@ -66,10 +66,11 @@ static void detect(void) {
     const bool os_ymm = (xcr0 & 0x6u) == 0x6u;                 /* XMM | YMM */
     const bool os_zmm = os_ymm && (xcr0 & 0xE0u) == 0xE0u;     /* opmask | ZMM_Hi256 | Hi16_ZMM */
     const bool os_tile = (xcr0 & 0x60000u) == 0x60000u;        /* XTILECFG | XTILEDATA */
-    unsigned b7 = 0, d7 = 0, a71 = 0;
+    unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
     if (max_leaf >= 7) {
         __cpuid_count(7, 0, a, b, cx, d);
         b7 = b;
+        c7 = cx;
         d7 = d;
         const unsigned max_sub = a;
         if (max_sub >= 1) {
@@ -88,6 +89,7 @@ static void detect(void) {
         c.avx512vl = c.avx512f && ((b7 >> 31) & 1u);
         c.avx512bf16 = c.avx512f && ((a71 >> 5) & 1u);
         c.avx512fp16 = c.avx512f && ((d7 >> 23) & 1u);
+        c.avx512vnni = c.avx512f && ((c7 >> 11) & 1u);
     }
     if (os_tile) {
         c.amx_tile = (d7 >> 24) & 1u;

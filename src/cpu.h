@@ -27,6 +27,7 @@ typedef struct sdpa__cpu {
     bool avx512f, avx512bw, avx512vl;
     bool avx512bf16; /* VCVTNE2PS2BF16, VCVTNEPS2BF16, VDPBF16PS */
     bool avx512fp16;
+    bool avx512vnni; /* VPDPBUSD (0.6: REDUCED q8_0 key scores) */
     bool amx_tile, amx_bf16;
     /* aarch64 (Linux getauxval(AT_HWCAP / AT_HWCAP2)): ASIMD (NEON); FEAT_FP16 arithmetic
      * (HWCAP_FPHP and HWCAP_ASIMDHP); FEAT_BF16 (HWCAP2_BF16: BFDOT, BFMMLA, BFCVT); FEAT_DotProd

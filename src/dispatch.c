@@ -139,7 +139,7 @@ static const sdpa__mk_kv *const g_kv_tables[SDPA__ISA_COUNT] = {
 };
 
 const sdpa__mk_kv *sdpa__dispatch_mk_kv(int dtype) {
-    if (dtype < SDPA_DTYPE_F32 || dtype > SDPA_DTYPE_BF16)
+    if (dtype < SDPA_DTYPE_F32 || dtype >= SDPA__KV_DTYPES)
         return NULL;
     for (int isa = (int)sdpa__dispatch_isa(); isa >= 0; --isa) /* the same walk as sdpa__dispatch_mk */
         if (g_tables[isa][SDPA__MK_F32] != NULL)
@@ -149,6 +149,14 @@ const sdpa__mk_kv *sdpa__dispatch_mk_kv(int dtype) {
 
 void sdpa__dispatch_set_max_isa_for_testing(int isa) {
     atomic_store_explicit(&g_test_cap, isa < 0 ? -1 : isa, memory_order_relaxed);
+}
+
+const sdpa__mk_kv *sdpa__dispatch_mk_kv_q8_0_reduced(void) {
+#if defined(SDPA_HAVE_MK_AVX512VNNI)
+    if (sdpa__dispatch_isa() == SDPA__ISA_AVX512 && sdpa__cpu_features()->avx512vnni)
+        return &sdpa__mk_kv_q8_0_avx512vnni;
+#endif
+    return NULL;
 }
 
 const sdpa__mk_bf16 *sdpa__dispatch_mk_bf16(void) {

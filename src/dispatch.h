@@ -32,6 +32,9 @@ const sdpa__mk *sdpa__dispatch_mk(sdpa__mk_dtype dtype);
  * ISA of sdpa__dispatch_mk(SDPA__MK_F32) (so their results equal its rows members' on the
  * widened rows); NULL for another dtype. */
 const sdpa__mk_kv *sdpa__dispatch_mk_kv(int dtype);
+/* 0.6: the REDUCED q8_0 key column (int8 dot products, AVX512-VNNI), or NULL where the build,
+ * the CPU or the ISA in effect (below AVX512) does not have it. */
+const sdpa__mk_kv *sdpa__dispatch_mk_kv_q8_0_reduced(void);
 
 /* The bf16-tile column (SDPA_PRECISION_REDUCED with bf16 q and k): VDPBF16PS products on raw
  * bf16 rows (microkernel_bf16.h), float32 results. */

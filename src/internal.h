@@ -83,6 +83,10 @@ typedef struct sdpa__view4 {
     int64_t block_table_stride, block_size;
     const int64_t *key_lengths;
     const struct sdpa__convert *cv; /* q/k/v: the call context's conversion table (plan.c sets it) */
+    /* 0.6, FP8 k / v (options->k_scale, v_scale): element value = fp8 * scale[h * scale_stride]
+     * for kv head h (stride 0: one scale per tensor); NULL = 1 (no multiply). Other dtypes: NULL. */
+    const float *scale;
+    int64_t scale_stride;
 } sdpa__view4;
 
 /* Byte interval [lo, hi) covered by a view; empty when lo == hi. */
@@ -101,6 +105,12 @@ sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char 
  * naming the view. sdpa__check_tensor is both with float32 only (the 0.3 rule). */
 #define SDPA__DTYPES_F32 (1u << SDPA_DTYPE_F32)
 #define SDPA__DTYPES_ALL ((1u << SDPA_DTYPE_F32) | (1u << SDPA_DTYPE_F16) | (1u << SDPA_DTYPE_BF16))
+/* 0.6: the 8-bit K/V cache dtypes (sdpa_attention's key and value only). */
+#define SDPA__DTYPES_8BIT ((1u << SDPA_DTYPE_Q8_0) | (1u << SDPA_DTYPE_FP8_E4M3) | (1u << SDPA_DTYPE_FP8_E5M2))
+#define SDPA__DTYPES_KV (SDPA__DTYPES_ALL | SDPA__DTYPES_8BIT)
+/* A view's shape in storage units: as it is, except a q8_0 view's last axis, in blocks
+ * (elements / SDPA_Q8_0_BLOCK; include/sdpa.h SDPA_DTYPE_Q8_0). out has rank entries. */
+void sdpa__storage_shape(int32_t dtype, int32_t rank, const int64_t *shape, int64_t *out);
 sdpa_status sdpa__check_view(const sdpa_tensor *t, const char *fn, const char *name, int32_t rank_min,
                              int32_t rank_max);
 sdpa_status sdpa__check_dtype_supported(const sdpa_tensor *t, const char *fn, const char *name, unsigned dtypes);
@@ -149,6 +159,10 @@ sdpa_status sdpa__check_reserved(const char *fn, const char *field, int64_t valu
 sdpa_status sdpa__options_read(const char *fn, const sdpa_options *in, sdpa_options *o);
 /* Range checks of the scalar and enum fields of *o that need no shapes. */
 sdpa_status sdpa__options_check(const char *fn, const sdpa_options *o);
+/* 0.6: options->k_scale / v_scale against the key and value dtypes and Hkv (include/sdpa.h):
+ * each a float32 [1] or [Hkv] view, only with an FP8 k / v, every entry finite and >= 0; sets
+ * k->scale / v->scale and their strides (views of the plan, rank 4). */
+sdpa_status sdpa__options_kv_scales(const char *fn, const sdpa_options *o, int64_t Hkv, sdpa__view4 *k, sdpa__view4 *v);
 
 /* ---- matmul.c: the only user of cblas (serves mha.c's projections only; attention kernels use the micro-kernels) ---- */
 

@@ -97,6 +97,53 @@ static const sdpa__loader g_f16_strided = {"f16-strided", u16_strided_rows, u16_
 static const sdpa__loader g_bf16_strided = {"bf16-strided", u16_strided_rows, u16_strided_row_finite,
                                             bf16_strided_rows_bf16, strided_rows_raw};
 
+/* ---- 0.6: the 8-bit K/V dtypes (q8_0, FP8 E4M3 / E5M2), strided ----
+ * Rows are widened (dequantized) exactly into the tile through the plan's conversion table
+ * (convert.h: q8_0 d * q, FP8 value * the kv head's scale); in place (rows_raw) for the decode
+ * kernel's stored-K/V micro-kernels, except FP8 rows whose scale is not 1 (those micro-kernels
+ * widen without a scale: the decode kernel then reads the loader's f32 rows). A q8_0 view's
+ * strides count blocks (include/sdpa.h), so a row's address is the same expression with the
+ * block size (sdpa_dtype_size) as the unit. */
+
+static const unsigned char *byte_row(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r) {
+    const int64_t off = b * v->strides[0] + h * v->strides[1] + r * v->strides[2];
+    return (const unsigned char *)v->data + off * (int64_t)sdpa_dtype_size((sdpa_dtype)v->dtype);
+}
+
+/* The scale of kv head h (1: none; FP8 only, internal.h sdpa__view4). */
+static float scale_of(const sdpa__view4 *v, int64_t h) { return v->scale != NULL ? v->scale[h * v->scale_stride] : 1.0f; }
+
+static sdpa__rows kv8_strided_rows(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1, float *tile) {
+    const int64_t n = v->shape[3];
+    sdpa__widen_rows_scaled(table_of(v), v->dtype, byte_row(v, b, h, r0), (ptrdiff_t)v->strides[2],
+                            (ptrdiff_t)v->strides[3], r1 - r0, n, tile, n, scale_of(v, h));
+    sdpa__rows out;
+    out.data = tile;
+    out.stride = (ptrdiff_t)n;
+    return out;
+}
+
+static bool kv8_strided_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int64_t b, int64_t h, int64_t r) {
+    (void)mk;
+    return sdpa__finite_rows_scaled(table_of(v), v->dtype, byte_row(v, b, h, r), 0, (ptrdiff_t)v->strides[3], 1,
+                                    v->shape[3], scale_of(v, h));
+}
+
+static sdpa__raw_rows kv8_strided_rows_raw(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1) {
+    if (scale_of(v, h) != 1.0f) {
+        const sdpa__raw_rows none = {NULL, 0, 0, true};
+        return none;
+    }
+    return strided_rows_raw(v, b, h, r0, r1);
+}
+
+static const sdpa__loader g_q8_0_strided = {"q8_0-strided", kv8_strided_rows, kv8_strided_row_finite, NULL,
+                                            kv8_strided_rows_raw};
+static const sdpa__loader g_e4m3_strided = {"fp8_e4m3-strided", kv8_strided_rows, kv8_strided_row_finite, NULL,
+                                            kv8_strided_rows_raw};
+static const sdpa__loader g_e5m2_strided = {"fp8_e5m2-strided", kv8_strided_rows, kv8_strided_row_finite, NULL,
+                                            kv8_strided_rows_raw};
+
 /* ---- paged addressing (0.5): one loader for every dtype ----
  * Rows are gathered block by block: each run of consecutive rows inside one block is a
  * strided [rows, n] piece of the pool, widened by sdpa__widen_rows (the per-dtype conversion
@@ -119,14 +166,15 @@ static sdpa__rows paged_rows(const sdpa__view4 *v, int64_t b, int64_t h, int64_t
         return out;
     }
     const sdpa__convert *cv = table_of(v);
+    const float sc = scale_of(v, h); /* FP8 (0.6); 1 and unused for the others */
     const int64_t valid = r1 < len ? r1 : len;
     int64_t r = r0;
     while (r < valid) {
         int64_t e = (r / bs + 1) * bs; /* end of r's block */
         if (e > valid)
             e = valid;
-        sdpa__widen_rows(cv, v->dtype, paged_row(v, b, h, r), (ptrdiff_t)v->strides[2], (ptrdiff_t)v->strides[3],
-                         e - r, n, tile + (r - r0) * n, n);
+        sdpa__widen_rows_scaled(cv, v->dtype, paged_row(v, b, h, r), (ptrdiff_t)v->strides[2],
+                                (ptrdiff_t)v->strides[3], e - r, n, tile + (r - r0) * n, n, sc);
         r = e;
     }
     if (r < r1)
@@ -142,8 +190,8 @@ static bool paged_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int64_t b
     const void *src = paged_row(v, b, h, r);
     if (v->dtype == SDPA_DTYPE_F32)
         return sdpa__finite_strided(mk, (const float *)src, v->shape[3], v->strides[3]);
-    return sdpa__finite_rows(table_of(v), v->dtype, src, 0,
-                             (ptrdiff_t)v->strides[3], 1, v->shape[3]);
+    return sdpa__finite_rows_scaled(table_of(v), v->dtype, src, 0, (ptrdiff_t)v->strides[3], 1, v->shape[3],
+                                    scale_of(v, h));
 }
 
 /* Rows from r0 to the end of its block (and of the keys) in place: one block's slots are a
@@ -151,7 +199,7 @@ static bool paged_row_finite(const sdpa__mk *mk, const sdpa__view4 *v, int64_t b
 static sdpa__raw_rows paged_rows_raw(const sdpa__view4 *v, int64_t b, int64_t h, int64_t r0, int64_t r1) {
     sdpa__raw_rows out = {NULL, 0, 0, false};
     const int64_t bs = v->block_size, len = v->key_lengths[b];
-    if ((v->strides[3] != 1 && v->shape[3] > 1) || r0 >= len)
+    if ((v->strides[3] != 1 && v->shape[3] > 1) || r0 >= len || scale_of(v, h) != 1.0f)
         return out;
     int64_t e = (r0 / bs + 1) * bs;
     e = e < r1 ? e : r1;
@@ -194,16 +242,23 @@ static const sdpa__loader g_f16_paged = {"f16-paged", paged_rows, paged_row_fini
 static const sdpa__loader g_bf16_paged = {"bf16-paged", paged_rows, paged_row_finite, paged_rows_bf16,
                                           paged_rows_raw};
 
+static const sdpa__loader g_q8_0_paged = {"q8_0-paged", paged_rows, paged_row_finite, NULL, paged_rows_raw};
+static const sdpa__loader g_e4m3_paged = {"fp8_e4m3-paged", paged_rows, paged_row_finite, NULL, paged_rows_raw};
+static const sdpa__loader g_e5m2_paged = {"fp8_e5m2-paged", paged_rows, paged_row_finite, NULL, paged_rows_raw};
+
+#define NDTYPES (SDPA_DTYPE_FP8_E5M2 + 1)
 /* [addressing][sdpa_dtype]; NULL = not supported (rejected by validation before a plan). */
-static const sdpa__loader *const g_loaders[SDPA__ADDR_COUNT][3] = {
+static const sdpa__loader *const g_loaders[SDPA__ADDR_COUNT][NDTYPES] = {
     [SDPA__ADDR_STRIDED] = {[SDPA_DTYPE_F32] = &g_f32_strided, [SDPA_DTYPE_F16] = &g_f16_strided,
-                            [SDPA_DTYPE_BF16] = &g_bf16_strided},
+                            [SDPA_DTYPE_BF16] = &g_bf16_strided, [SDPA_DTYPE_Q8_0] = &g_q8_0_strided,
+                            [SDPA_DTYPE_FP8_E4M3] = &g_e4m3_strided, [SDPA_DTYPE_FP8_E5M2] = &g_e5m2_strided},
     [SDPA__ADDR_PAGED] = {[SDPA_DTYPE_F32] = &g_f32_paged, [SDPA_DTYPE_F16] = &g_f16_paged,
-                          [SDPA_DTYPE_BF16] = &g_bf16_paged},
+                          [SDPA_DTYPE_BF16] = &g_bf16_paged, [SDPA_DTYPE_Q8_0] = &g_q8_0_paged,
+                          [SDPA_DTYPE_FP8_E4M3] = &g_e4m3_paged, [SDPA_DTYPE_FP8_E5M2] = &g_e5m2_paged},
 };
 
 const sdpa__loader *sdpa__loader_for(const sdpa__view4 *v, sdpa__addressing addressing) {
-    if ((int)addressing < 0 || addressing >= SDPA__ADDR_COUNT || v->dtype < 0 || v->dtype >= 3)
+    if ((int)addressing < 0 || addressing >= SDPA__ADDR_COUNT || v->dtype < 0 || v->dtype >= NDTYPES)
         return NULL;
     return g_loaders[addressing][v->dtype];
 }

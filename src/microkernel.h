@@ -104,13 +104,22 @@ typedef struct sdpa__mk_kv {
                             const int32_t *idx, int64_t cnt, const void *v, ptrdiff_t vs, const void *pf);
 } sdpa__mk_kv;
 
-/* [sdpa_dtype] columns of each ISA's rows kernels on stored K/V. */
-extern const sdpa__mk_kv sdpa__mk_kv_portable[3];
+/* [sdpa_dtype] columns of each ISA's rows kernels on stored K/V (0.6: also q8_0, whose row
+ * strides ks / vs count blocks and whose ne / nev are multiples of 32, and FP8 without a scale:
+ * the loaders hand scaled FP8 rows out as f32 copies, load.c). */
+#define SDPA__KV_DTYPES (SDPA_DTYPE_FP8_E5M2 + 1)
+extern const sdpa__mk_kv sdpa__mk_kv_portable[SDPA__KV_DTYPES];
 #if defined(SDPA_HAVE_AVX2)
-extern const sdpa__mk_kv sdpa__mk_kv_avx2[3]; /* -mavx2 -mfma -mf16c */
+extern const sdpa__mk_kv sdpa__mk_kv_avx2[SDPA__KV_DTYPES]; /* -mavx2 -mfma -mf16c */
 #endif
 #if defined(SDPA_HAVE_AVX2) && defined(SDPA_HAVE_AVX512)
-extern const sdpa__mk_kv sdpa__mk_kv_avx512[3]; /* -mavx512f -mavx512bw -mavx512vl */
+extern const sdpa__mk_kv sdpa__mk_kv_avx512[SDPA__KV_DTYPES]; /* -mavx512f -mavx512bw -mavx512vl */
+#endif
+
+#if defined(SDPA_HAVE_MK_AVX512VNNI)
+/* 0.6, SDPA_PRECISION_REDUCED with a q8_0 K: scores by int8 dot products on a per-block int8
+ * quantization of q (src/microkernel_avx512vnni.c; dot members only). */
+extern const sdpa__mk_kv sdpa__mk_kv_q8_0_avx512vnni;
 #endif
 #if defined(SDPA_HAVE_NEON)
 extern const sdpa__mk_kv sdpa__mk_kv_neon[3]; /* aarch64 Advanced SIMD (baseline of armv8-a) */

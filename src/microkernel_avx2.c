@@ -214,8 +214,35 @@ AI float hsum8(__m256 v) {
  * the register: vcvtph2ps, or zero-extend and shift left by 16); DT is the row's sdpa_dtype (a
  * constant in each instantiation), strides in elements. */
 AI ptrdiff_t esize(const int DT) { return DT == SDPA_DTYPE_F32 ? 4 : 2; }
-AI const void *at(const int DT, const void *base, ptrdiff_t off) { return (const char *)base + off * esize(DT); }
-AI __m256 ld8(const int DT, const void *p) {
+/* 0.6: bytes of the stride unit (q8_0: a block of 32) and row off of a base, in that unit. */
+AI ptrdiff_t unit(const int DT) {
+    return DT == SDPA_DTYPE_Q8_0 ? SDPA__Q8_0_BYTES : DT >= SDPA_DTYPE_FP8_E4M3 ? 1 : esize(DT);
+}
+AI const void *rowp(const int DT, const void *base, ptrdiff_t off) { return (const char *)base + off * unit(DT); }
+/* 8 E4M3FN / E5M2 bytes widened exactly (convert.h): E5M2 is a binary16's top byte; E4M3 moved
+ * into a binary16 (exponent bias 15 instead of 7: times 2^8 after vcvtph2ps, exact), NaN
+ * (s.1111.111) the quiet NaN with its sign. */
+AI __m256 fp8x8(const int DT, __m128i b8) {
+    const __m128i x = _mm_cvtepu8_epi16(b8);
+    if (DT == SDPA_DTYPE_FP8_E5M2)
+        return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
+    const __m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7F)), sgn = _mm_and_si128(x, _mm_set1_epi16(0x80));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(sgn, 8), _mm_slli_epi16(mag, 7));
+    const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256i nan32 = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)));
+    const __m256i qn = _mm256_or_si256(_mm256_slli_epi32(_mm256_cvtepu16_epi32(sgn), 24), _mm256_set1_epi32(0x7FC00000));
+    return _mm256_blendv_ps(f, _mm256_castsi256_ps(qn), _mm256_castsi256_ps(nan32));
+}
+/* Elements [e, e + 8) of a row as stored, widened (q8_0: one block's d * q; e a multiple of 8). */
+AI __m256 ld8(const int DT, const void *row, ptrdiff_t e) {
+    if (DT == SDPA_DTYPE_Q8_0) {
+        const char *blk = (const char *)row + (e >> 5) * SDPA__Q8_0_BYTES;
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + (e & 31)));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(sdpa__q8_0_d(blk)));
+    }
+    if (DT == SDPA_DTYPE_FP8_E4M3 || DT == SDPA_DTYPE_FP8_E5M2)
+        return fp8x8(DT, _mm_loadl_epi64((const __m128i *)(const void *)((const char *)row + e)));
+    const void *p = (const char *)row + e * esize(DT);
     if (DT == SDPA_DTYPE_F32)
         return _mm256_loadu_ps((const float *)p);
     const __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -223,27 +250,43 @@ AI __m256 ld8(const int DT, const void *p) {
         return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-/* The first n (< 8) elements at p widened (the others 0); nothing beyond them is read. */
-AI __m256 ld8n(const int DT, const void *p, int64_t n, __m256i mk) {
-    if (DT == SDPA_DTYPE_F32)
-        return _mm256_maskload_ps((const float *)p, mk);
-    uint16_t h[8] = {0};
-    memcpy(h, p, (size_t)n * sizeof(uint16_t));
-    return ld8(DT, h);
-}
-AI float ld1(const int DT, const void *p) {
+/* Element e of a row as stored, widened (the same values as ld8). */
+AI float ld1(const int DT, const void *row, ptrdiff_t e) {
+    if (DT == SDPA_DTYPE_Q8_0) {
+        const char *blk = (const char *)row + (e >> 5) * SDPA__Q8_0_BYTES;
+        return (float)((const int8_t *)(const void *)(blk + 2))[e & 31] * sdpa__q8_0_d(blk);
+    }
+    if (DT == SDPA_DTYPE_FP8_E4M3)
+        return sdpa__e4m3_to_f32(((const uint8_t *)row)[e]);
+    if (DT == SDPA_DTYPE_FP8_E5M2)
+        return sdpa__e5m2_to_f32(((const uint8_t *)row)[e]);
+    const void *p = (const char *)row + e * esize(DT);
     if (DT == SDPA_DTYPE_F32)
         return *(const float *)p;
     uint16_t h;
     memcpy(&h, p, sizeof h);
     return DT == SDPA_DTYPE_F16 ? _cvtsh_ss(h) : sdpa__bf16_to_f32(h);
 }
+/* Elements [e, e + n) (n < 8) widened (the others 0); nothing beyond them is read. */
+AI __m256 ld8n(const int DT, const void *row, ptrdiff_t e, int64_t n, __m256i mk) {
+    if (DT == SDPA_DTYPE_F32)
+        return _mm256_maskload_ps((const float *)row + e, mk);
+    if (DT == SDPA_DTYPE_F16 || DT == SDPA_DTYPE_BF16) {
+        uint16_t h[8] = {0};
+        memcpy(h, (const uint16_t *)row + e, (size_t)n * sizeof(uint16_t));
+        return ld8(DT, h, 0);
+    }
+    float x[8] = {0};
+    for (int64_t i = 0; i < n; ++i)
+        x[i] = ld1(DT, row, e + i);
+    return _mm256_loadu_ps(x);
+}
 
 AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s) {
     const int64_t ev = ne & ~(int64_t)7;
     int64_t t = 0;
     for (; t + 8 <= n; t += 8) {
-        const void *kr = at(DT, k, t * ks);
+        const void *kr = rowp(DT, k, t * ks);
         __m256 a[8];
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u)
@@ -252,7 +295,7 @@ AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrd
             const __m256 qv = _mm256_loadu_ps(q + e);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
-                a[u] = _mm256_fmadd_ps(qv, ld8(DT, at(DT, kr, u * ks + e)), a[u]);
+                a[u] = _mm256_fmadd_ps(qv, ld8(DT, rowp(DT, kr, u * ks), e), a[u]);
         }
         const __m256 h0 = _mm256_hadd_ps(a[0], a[1]), h1 = _mm256_hadd_ps(a[2], a[3]);
         const __m256 h2 = _mm256_hadd_ps(a[4], a[5]), h3 = _mm256_hadd_ps(a[6], a[7]);
@@ -263,7 +306,7 @@ AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrd
             for (int u = 0; u < 8; ++u) {
                 float x = 0.0f;
                 for (int64_t e = ev; e < ne; ++e)
-                    x += q[e] * ld1(DT, at(DT, kr, u * ks + e));
+                    x += q[e] * ld1(DT, rowp(DT, kr, u * ks), e);
                 tail[u] = x;
             }
             sv = _mm256_add_ps(sv, _mm256_loadu_ps(tail));
@@ -271,13 +314,13 @@ AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrd
         _mm256_storeu_ps(s + t, sv);
     }
     for (; t < n; ++t) {
-        const void *kr = at(DT, k, t * ks);
+        const void *kr = rowp(DT, k, t * ks);
         __m256 a = _mm256_setzero_ps();
         for (int64_t e = 0; e < ev; e += 8)
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), ld8(DT, at(DT, kr, e)), a);
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), ld8(DT, kr, e), a);
         float x = hsum8(a), tail = 0.0f;
         for (int64_t e = ev; e < ne; ++e)
-            tail += q[e] * ld1(DT, at(DT, kr, e));
+            tail += q[e] * ld1(DT, kr, e);
         s[t] = x + tail;
     }
 }
@@ -335,11 +378,11 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
         __m256 a2 = _mm256_mul_ps(al, _mm256_loadu_ps(o + d + 16)), a3 = _mm256_mul_ps(al, _mm256_loadu_ps(o + d + 24));
         for (int64_t t = 0; t < cnt; ++t) {
             const __m256 w = _mm256_broadcast_ss(p + idx[t]);
-            const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
-            a0 = _mm256_fmadd_ps(w, ld8(DT, vr), a0);
-            a1 = _mm256_fmadd_ps(w, ld8(DT, at(DT, vr, 8)), a1);
-            a2 = _mm256_fmadd_ps(w, ld8(DT, at(DT, vr, 16)), a2);
-            a3 = _mm256_fmadd_ps(w, ld8(DT, at(DT, vr, 24)), a3);
+            const void *vr = rowp(DT, v, (ptrdiff_t)idx[t] * vs);
+            a0 = _mm256_fmadd_ps(w, ld8(DT, vr, d), a0);
+            a1 = _mm256_fmadd_ps(w, ld8(DT, vr, d + 8), a1);
+            a2 = _mm256_fmadd_ps(w, ld8(DT, vr, d + 16), a2);
+            a3 = _mm256_fmadd_ps(w, ld8(DT, vr, d + 24), a3);
         }
         _mm256_storeu_ps(o + d, a0);
         _mm256_storeu_ps(o + d + 8, a1);
@@ -352,7 +395,7 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
         __m256 a0 = _mm256_mul_ps(al, _mm256_maskload_ps(o + d, mk));
         for (int64_t t = 0; t < cnt; ++t)
             a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + idx[t]),
-                                 ld8n(DT, at(DT, v, (ptrdiff_t)idx[t] * vs + d), w8, mk), a0);
+                                 ld8n(DT, rowp(DT, v, (ptrdiff_t)idx[t] * vs), d, w8, mk), a0);
         _mm256_maskstore_ps(o + d, mk, a0);
     }
 }
@@ -376,11 +419,17 @@ void sdpa__avx2_axpy_rows(float *o, int64_t nev, float alpha, const float *p, co
 X_ROWS(f32, SDPA_DTYPE_F32)
 X_ROWS(f16, SDPA_DTYPE_F16)
 X_ROWS(bf16, SDPA_DTYPE_BF16)
+X_ROWS(q8_0, SDPA_DTYPE_Q8_0)
+X_ROWS(e4m3, SDPA_DTYPE_FP8_E4M3)
+X_ROWS(e5m2, SDPA_DTYPE_FP8_E5M2)
 
-const sdpa__mk_kv sdpa__mk_kv_avx2[3] = {
+const sdpa__mk_kv sdpa__mk_kv_avx2[SDPA__KV_DTYPES] = {
     [SDPA_DTYPE_F32] = {x_dot_rows_f32, x_axpy_rows_f32, NULL, NULL},
     [SDPA_DTYPE_F16] = {x_dot_rows_f16, x_axpy_rows_f16, NULL, NULL},
     [SDPA_DTYPE_BF16] = {x_dot_rows_bf16, x_axpy_rows_bf16, NULL, NULL},
+    [SDPA_DTYPE_Q8_0] = {x_dot_rows_q8_0, x_axpy_rows_q8_0, NULL, NULL},
+    [SDPA_DTYPE_FP8_E4M3] = {x_dot_rows_e4m3, x_axpy_rows_e4m3, NULL, NULL},
+    [SDPA_DTYPE_FP8_E5M2] = {x_dot_rows_e5m2, x_axpy_rows_e5m2, NULL, NULL},
 };
 
 bool sdpa__avx2_all_finite(const float *x, int64_t n) {

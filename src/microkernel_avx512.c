@@ -169,13 +169,45 @@ AI __mmask16 head16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16
 
 AI int64_t esize(const int DT) { return DT == SDPA_DTYPE_F32 ? 4 : 2; }
 
-/* Element off of a row base (off in elements). */
-AI const void *at(const int DT, const void *base, ptrdiff_t off) {
-    return (const char *)base + off * (ptrdiff_t)esize(DT);
+/* 0.6: bytes of the stride unit (q8_0: a block of 32), row off of a base in that unit, and the
+ * bytes of n elements of a row (q8_0: n a multiple of 32). */
+AI ptrdiff_t unit(const int DT) {
+    return DT == SDPA_DTYPE_Q8_0 ? SDPA__Q8_0_BYTES : DT >= SDPA_DTYPE_FP8_E4M3 ? 1 : (ptrdiff_t)esize(DT);
+}
+AI const void *rowp(const int DT, const void *base, ptrdiff_t off) { return (const char *)base + off * unit(DT); }
+AI int64_t rbytes(const int DT, int64_t n) {
+    return DT == SDPA_DTYPE_Q8_0 ? n / 32 * SDPA__Q8_0_BYTES : DT >= SDPA_DTYPE_FP8_E4M3 ? n : n * esize(DT);
 }
 
-/* 16 elements at p, widened to float32. */
-AI __m512 ld16(const int DT, const void *p) {
+/* 16 E4M3FN / E5M2 bytes widened exactly (convert.h): E5M2 is a binary16's top byte; E4M3 moved
+ * into a binary16 (exponent bias 15 instead of 7: times 2^8 after vcvtph2ps, exact), NaN
+ * (s.1111.111) the quiet NaN with its sign. */
+AI __m512 fp8x16(const int DT, __m128i b16) {
+    const __m256i x = _mm256_cvtepu8_epi16(b16);
+    if (DT == SDPA_DTYPE_FP8_E5M2)
+        return _mm512_cvtph_ps(_mm256_slli_epi16(x, 8));
+    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi16(0x7F)), sgn = _mm256_and_si256(x, _mm256_set1_epi16(0x80));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(sgn, 8), _mm256_slli_epi16(mag, 7));
+    const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
+    const __m512i qn = _mm512_or_si512(_mm512_slli_epi32(_mm512_cvtepu16_epi32(sgn), 24), _mm512_set1_epi32(0x7FC00000));
+    return _mm512_mask_mov_ps(f, nan, _mm512_castsi512_ps(qn));
+}
+
+/* 16 q8_0 values (one block's half: e a multiple of 16) from 16 int8 q and the block's d. */
+AI __m512 q8x16(const char *blk, __m128i q) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(sdpa__q8_0_d(blk)));
+}
+
+/* Elements [e, e + 16) of a row as stored, widened to float32. */
+AI __m512 ld16(const int DT, const void *row, ptrdiff_t e) {
+    if (DT == SDPA_DTYPE_Q8_0) {
+        const char *blk = (const char *)row + (e >> 5) * SDPA__Q8_0_BYTES;
+        return q8x16(blk, _mm_loadu_si128((const __m128i *)(const void *)(blk + 2 + (e & 31))));
+    }
+    if (DT == SDPA_DTYPE_FP8_E4M3 || DT == SDPA_DTYPE_FP8_E5M2)
+        return fp8x16(DT, _mm_loadu_si128((const __m128i *)(const void *)((const char *)row + e)));
+    const void *p = (const char *)row + e * esize(DT);
     if (DT == SDPA_DTYPE_F32)
         return _mm512_loadu_ps((const float *)p);
     const __m256i h = _mm256_loadu_si256((const __m256i *)p);
@@ -184,8 +216,17 @@ AI __m512 ld16(const int DT, const void *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* The lanes of m of the 16 elements at p (others 0), widened; nothing outside m is read. */
-AI __m512 ld16z(const int DT, __mmask16 m, const void *p) {
+/* The lanes of m of elements [e, e + 16) (others 0), widened; nothing outside m is read. */
+AI __m512 ld16z(const int DT, __mmask16 m, const void *row, ptrdiff_t e) {
+    if (DT == SDPA_DTYPE_Q8_0) {
+        if (m == 0)
+            return _mm512_setzero_ps();
+        const char *blk = (const char *)row + (e >> 5) * SDPA__Q8_0_BYTES;
+        return _mm512_maskz_mov_ps(m, q8x16(blk, _mm_maskz_loadu_epi8(m, blk + 2 + (e & 31))));
+    }
+    if (DT == SDPA_DTYPE_FP8_E4M3 || DT == SDPA_DTYPE_FP8_E5M2)
+        return _mm512_maskz_mov_ps(m, fp8x16(DT, _mm_maskz_loadu_epi8(m, (const char *)row + e)));
+    const void *p = (const char *)row + e * esize(DT);
     if (DT == SDPA_DTYPE_F32)
         return _mm512_maskz_loadu_ps(m, (const float *)p);
     const __m256i h = _mm256_maskz_loadu_epi16(m, p);
@@ -230,41 +271,41 @@ AI __m256 hsum8x16(const __m512 *a) {
 
 AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s,
                   const void *pf) {
-    const int64_t ev = ne & ~(int64_t)15, rb = ne * esize(DT);
+    const int64_t ev = ne & ~(int64_t)15, rb = rbytes(DT, ne);
     const __mmask16 tm = head16(ne - ev);
     int64_t t = 0;
     for (; t + 8 <= n; t += 8) {
-        const void *kr = at(DT, k, t * ks);
+        const void *kr = rowp(DT, k, t * ks);
         __m512 a[8];
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u) {
             a[u] = _mm512_setzero_ps();
             if (pf)
-                prefetch_at(at(DT, pf, (t + u) * ks), rb, 0);
+                prefetch_at(rowp(DT, pf, (t + u) * ks), rb, 0);
         }
         for (int64_t e = 0; e < ev; e += 16) {
             const __m512 qv = _mm512_loadu_ps(q + e);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
-                a[u] = _mm512_fmadd_ps(qv, ld16(DT, at(DT, kr, u * ks + e)), a[u]);
+                a[u] = _mm512_fmadd_ps(qv, ld16(DT, rowp(DT, kr, u * ks), e), a[u]);
         }
         if (tm) {
             const __m512 qv = _mm512_maskz_loadu_ps(tm, q + ev);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
-                a[u] = _mm512_fmadd_ps(qv, ld16z(DT, tm, at(DT, kr, u * ks + ev)), a[u]);
+                a[u] = _mm512_fmadd_ps(qv, ld16z(DT, tm, rowp(DT, kr, u * ks), ev), a[u]);
         }
         _mm256_storeu_ps(s + t, hsum8x16(a));
     }
     for (; t < n; ++t) {
-        const void *kr = at(DT, k, t * ks);
+        const void *kr = rowp(DT, k, t * ks);
         if (pf)
-            prefetch_at(at(DT, pf, t * ks), rb, 0);
+            prefetch_at(rowp(DT, pf, t * ks), rb, 0);
         __m512 a = _mm512_setzero_ps();
         for (int64_t e = 0; e < ev; e += 16)
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), ld16(DT, at(DT, kr, e)), a);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), ld16(DT, kr, e), a);
         if (tm)
-            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q + ev), ld16z(DT, tm, at(DT, kr, ev)), a);
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q + ev), ld16z(DT, tm, kr, ev), a);
         s[t] = _mm512_reduce_add_ps(a);
     }
 }
@@ -308,12 +349,12 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
             a[u] = _mm512_mul_ps(al, _mm512_loadu_ps(o + d + 16 * u));
         for (int64_t t = 0; t < cnt; ++t) {
             const __m512 w = _mm512_set1_ps(p[idx[t]]);
-            const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
+            const void *vr = rowp(DT, v, (ptrdiff_t)idx[t] * vs);
             if (pf)
-                prefetch_at(at(DT, pf, (ptrdiff_t)idx[t] * vs + d), 128 * esize(DT), 0);
+                prefetch_at((const char *)rowp(DT, pf, (ptrdiff_t)idx[t] * vs) + rbytes(DT, d), rbytes(DT, 128), 0);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
-                a[u] = _mm512_fmadd_ps(w, ld16(DT, at(DT, vr, 16 * u)), a[u]);
+                a[u] = _mm512_fmadd_ps(w, ld16(DT, vr, d + 16 * u), a[u]);
         }
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u)
@@ -330,13 +371,13 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
         }
         for (int64_t t = 0; t < cnt; ++t) {
             const __m512 w = _mm512_set1_ps(p[idx[t]]);
-            const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
+            const void *vr = rowp(DT, v, (ptrdiff_t)idx[t] * vs);
             if (pf)
-                prefetch_at(at(DT, pf, (ptrdiff_t)idx[t] * vs + d), rest * esize(DT), 0);
+                prefetch_at((const char *)rowp(DT, pf, (ptrdiff_t)idx[t] * vs) + rbytes(DT, d), rbytes(DT, rest), 0);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u)
                 if (mk[u])
-                    a[u] = _mm512_fmadd_ps(w, ld16z(DT, mk[u], at(DT, vr, 16 * u)), a[u]);
+                    a[u] = _mm512_fmadd_ps(w, ld16z(DT, mk[u], vr, d + 16 * u), a[u]);
         }
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u)
@@ -360,12 +401,12 @@ AI __m128 hsum4x16(const __m512 *a) {
  * the others by _mm512_reduce_add_ps, as in dot_rows_t. */
 AI void dotm_block(const int DT, const int NR, const float *const *q, int64_t ne, const void *k, ptrdiff_t ks,
                    int64_t n, float *const *s, const void *pf) {
-    const int64_t ev = ne & ~(int64_t)15, rb = ne * esize(DT);
+    const int64_t ev = ne & ~(int64_t)15, rb = rbytes(DT, ne);
     const __mmask16 tm = head16(ne - ev);
     int64_t t = 0;
     for (; t + 8 <= n; t += 8)
         for (int64_t hf = 0; hf < 8; hf += 4) {
-            const void *kr = at(DT, k, (t + hf) * ks);
+            const void *kr = rowp(DT, k, (t + hf) * ks);
             __m512 a[4][4];
 #pragma GCC unroll 4
             for (int r = 0; r < NR; ++r)
@@ -375,12 +416,12 @@ AI void dotm_block(const int DT, const int NR, const float *const *q, int64_t ne
             if (pf)
 #pragma GCC unroll 4
                 for (int u = 0; u < 4; ++u)
-                    prefetch_at(at(DT, pf, (t + hf + u) * ks), rb, 0);
+                    prefetch_at(rowp(DT, pf, (t + hf + u) * ks), rb, 0);
             for (int64_t e = 0; e < ev; e += 16) {
                 __m512 kv[4];
 #pragma GCC unroll 4
                 for (int u = 0; u < 4; ++u)
-                    kv[u] = ld16(DT, at(DT, kr, u * ks + e));
+                    kv[u] = ld16(DT, rowp(DT, kr, u * ks), e);
 #pragma GCC unroll 4
                 for (int r = 0; r < NR; ++r) {
                     const __m512 qv = _mm512_loadu_ps(q[r] + e);
@@ -393,7 +434,7 @@ AI void dotm_block(const int DT, const int NR, const float *const *q, int64_t ne
                 __m512 kv[4];
 #pragma GCC unroll 4
                 for (int u = 0; u < 4; ++u)
-                    kv[u] = ld16z(DT, tm, at(DT, kr, u * ks + ev));
+                    kv[u] = ld16z(DT, tm, rowp(DT, kr, u * ks), ev);
 #pragma GCC unroll 4
                 for (int r = 0; r < NR; ++r) {
                     const __m512 qv = _mm512_maskz_loadu_ps(tm, q[r] + ev);
@@ -407,21 +448,21 @@ AI void dotm_block(const int DT, const int NR, const float *const *q, int64_t ne
                 _mm_storeu_ps(s[r] + t + hf, hsum4x16(a[r]));
         }
     for (; t < n; ++t) {
-        const void *kr = at(DT, k, t * ks);
+        const void *kr = rowp(DT, k, t * ks);
         if (pf)
-            prefetch_at(at(DT, pf, t * ks), rb, 0);
+            prefetch_at(rowp(DT, pf, t * ks), rb, 0);
         __m512 a[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; ++r)
             a[r] = _mm512_setzero_ps();
         for (int64_t e = 0; e < ev; e += 16) {
-            const __m512 kv = ld16(DT, at(DT, kr, e));
+            const __m512 kv = ld16(DT, kr, e);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; ++r)
                 a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + e), kv, a[r]);
         }
         if (tm) {
-            const __m512 kv = ld16z(DT, tm, at(DT, kr, ev));
+            const __m512 kv = ld16z(DT, tm, kr, ev);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; ++r)
                 a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q[r] + ev), kv, a[r]);
@@ -466,13 +507,13 @@ AI void axpym_block(const int DT, const int NR, float *const *o, int64_t nev, co
         }
         const bool pfd = pf != NULL && d == 0;
         for (int64_t t = 0; t < cnt; ++t) {
-            const void *vr = at(DT, v, (ptrdiff_t)idx[t] * vs + d);
+            const void *vr = rowp(DT, v, (ptrdiff_t)idx[t] * vs);
             if (pfd)
-                prefetch_t0(at(DT, pf, (ptrdiff_t)idx[t] * vs), nev * esize(DT));
+                prefetch_t0(rowp(DT, pf, (ptrdiff_t)idx[t] * vs), rbytes(DT, nev));
             __m512 vv[4];
 #pragma GCC unroll 4
             for (int u = 0; u < 4; ++u)
-                vv[u] = ld16z(DT, mk[u], at(DT, vr, 16 * u));
+                vv[u] = ld16z(DT, mk[u], vr, d + 16 * u);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; ++r) {
                 const __m512 w = _mm512_set1_ps(p[r][idx[t]]);
@@ -525,6 +566,9 @@ AI void axpy_rows_multi_t(const int DT, int64_t nr, float *const *o, int64_t nev
 Z_ROWS(f32, SDPA_DTYPE_F32)
 Z_ROWS(f16, SDPA_DTYPE_F16)
 Z_ROWS(bf16, SDPA_DTYPE_BF16)
+Z_ROWS(q8_0, SDPA_DTYPE_Q8_0)
+Z_ROWS(e4m3, SDPA_DTYPE_FP8_E4M3)
+Z_ROWS(e5m2, SDPA_DTYPE_FP8_E5M2)
 
 /* The float32 members of the table (the same instantiation as the f32 column of sdpa__mk_kv_avx512). */
 static void z_dot_rows(const float *q, int64_t ne, const float *k, ptrdiff_t ks, int64_t n, float *s) {
@@ -650,8 +694,11 @@ const sdpa__mk sdpa__mk_avx512 = {
     z_dot_rows_multi, z_axpy_rows_multi, z_lanes_sub_abs,
 };
 
-const sdpa__mk_kv sdpa__mk_kv_avx512[3] = {
+const sdpa__mk_kv sdpa__mk_kv_avx512[SDPA__KV_DTYPES] = {
     [SDPA_DTYPE_F32] = {z_dot_rows_f32, z_axpy_rows_f32, z_dot_rows_multi_f32, z_axpy_rows_multi_f32},
     [SDPA_DTYPE_F16] = {z_dot_rows_f16, z_axpy_rows_f16, z_dot_rows_multi_f16, z_axpy_rows_multi_f16},
     [SDPA_DTYPE_BF16] = {z_dot_rows_bf16, z_axpy_rows_bf16, z_dot_rows_multi_bf16, z_axpy_rows_multi_bf16},
+    [SDPA_DTYPE_Q8_0] = {z_dot_rows_q8_0, z_axpy_rows_q8_0, z_dot_rows_multi_q8_0, z_axpy_rows_multi_q8_0},
+    [SDPA_DTYPE_FP8_E4M3] = {z_dot_rows_e4m3, z_axpy_rows_e4m3, z_dot_rows_multi_e4m3, z_axpy_rows_multi_e4m3},
+    [SDPA_DTYPE_FP8_E5M2] = {z_dot_rows_e5m2, z_axpy_rows_e5m2, z_dot_rows_multi_e5m2, z_axpy_rows_multi_e5m2},
 };

@@ -77,11 +77,26 @@ static void p_lanes_softmax(float *t, int64_t n, int64_t nl, int64_t ld, float *
     }
 }
 
-/* Element e of a row as stored, widened exactly (DT: the row's sdpa_dtype). */
-static inline float p_ld(int DT, const void *base, ptrdiff_t off) {
+/* Row off of a base as stored (off in the view's stride unit: elements, or q8_0 blocks). */
+static inline const void *p_row(int DT, const void *base, ptrdiff_t off) {
+    const ptrdiff_t unit = DT == SDPA_DTYPE_F32 ? 4 : DT == SDPA_DTYPE_Q8_0 ? SDPA__Q8_0_BYTES : DT >= SDPA_DTYPE_FP8_E4M3 ? 1 : 2;
+    return (const char *)base + off * unit;
+}
+
+/* Element e of a row as stored, widened exactly (DT: the row's sdpa_dtype; 0.6: q8_0 d * q, FP8
+ * without a scale: the loaders give scaled FP8 rows as f32 copies). */
+static inline float p_ld(int DT, const void *row, ptrdiff_t e) {
     if (DT == SDPA_DTYPE_F32)
-        return ((const float *)base)[off];
-    const uint16_t h = ((const uint16_t *)base)[off];
+        return ((const float *)row)[e];
+    if (DT == SDPA_DTYPE_Q8_0) {
+        const unsigned char *blk = (const unsigned char *)row + (e / SDPA__Q8_0_QK) * SDPA__Q8_0_BYTES;
+        return (float)((const int8_t *)(const void *)(blk + 2))[e % SDPA__Q8_0_QK] * sdpa__q8_0_d(blk);
+    }
+    if (DT == SDPA_DTYPE_FP8_E4M3)
+        return sdpa__e4m3_to_f32(((const uint8_t *)row)[e]);
+    if (DT == SDPA_DTYPE_FP8_E5M2)
+        return sdpa__e5m2_to_f32(((const uint8_t *)row)[e]);
+    const uint16_t h = ((const uint16_t *)row)[e];
     return DT == SDPA_DTYPE_F16 ? sdpa__f16_to_f32(h) : sdpa__bf16_to_f32(h);
 }
 
@@ -100,18 +115,19 @@ static inline void p_dot_rows_t(int DT, const float *q, int64_t ne, const void *
         for (int64_t t = 0; t < n; ++t) {
             float acc = 0.0f;
             for (int64_t e = 0; e < ne; ++e)
-                acc += q[e] * p_ld(DT, k, t * ks + e);
+                acc += q[e] * p_ld(DT, p_row(DT, k, t * ks), e);
             s[t] = acc;
         }
         return;
     }
     float w[P_WIDEN];
     for (int64_t t = 0; t < n; ++t) {
+        const void *kr = p_row(DT, k, t * ks);
         float acc = 0.0f;
         for (int64_t e0 = 0; e0 < ne; e0 += P_WIDEN) {
             const int64_t c = ne - e0 < P_WIDEN ? ne - e0 : P_WIDEN;
             for (int64_t e = 0; e < c; ++e)
-                w[e] = p_ld(DT, k, t * ks + e0 + e);
+                w[e] = p_ld(DT, kr, e0 + e);
             for (int64_t e = 0; e < c; ++e)
                 acc += q[e0 + e] * w[e];
         }
@@ -150,9 +166,9 @@ static inline void p_axpy_rows_t(int DT, float *o, int64_t nev, float alpha, con
         o[d] *= alpha;
     for (int64_t t = 0; t < cnt; ++t) {
         const float w = p[idx[t]];
-        const ptrdiff_t r = (ptrdiff_t)idx[t] * vs;
+        const void *vr = p_row(DT, v, (ptrdiff_t)idx[t] * vs);
         for (int64_t d = 0; d < nev; ++d)
-            o[d] += w * p_ld(DT, v, r + d);
+            o[d] += w * p_ld(DT, vr, d);
     }
 }
 
@@ -175,11 +191,17 @@ static void p_axpy_rows(float *o, int64_t nev, float alpha, const float *p, cons
 P_ROWS(f32, SDPA_DTYPE_F32)
 P_ROWS(f16, SDPA_DTYPE_F16)
 P_ROWS(bf16, SDPA_DTYPE_BF16)
+P_ROWS(q8_0, SDPA_DTYPE_Q8_0)
+P_ROWS(e4m3, SDPA_DTYPE_FP8_E4M3)
+P_ROWS(e5m2, SDPA_DTYPE_FP8_E5M2)
 
-const sdpa__mk_kv sdpa__mk_kv_portable[3] = {
+const sdpa__mk_kv sdpa__mk_kv_portable[SDPA__KV_DTYPES] = {
     [SDPA_DTYPE_F32] = {p_dot_rows_f32, p_axpy_rows_f32, NULL, NULL},
     [SDPA_DTYPE_F16] = {p_dot_rows_f16, p_axpy_rows_f16, NULL, NULL},
     [SDPA_DTYPE_BF16] = {p_dot_rows_bf16, p_axpy_rows_bf16, NULL, NULL},
+    [SDPA_DTYPE_Q8_0] = {p_dot_rows_q8_0, p_axpy_rows_q8_0, NULL, NULL},
+    [SDPA_DTYPE_FP8_E4M3] = {p_dot_rows_e4m3, p_axpy_rows_e4m3, NULL, NULL},
+    [SDPA_DTYPE_FP8_E5M2] = {p_dot_rows_e5m2, p_axpy_rows_e5m2, NULL, NULL},
 };
 
 static bool p_all_finite(const float *x, int64_t n) {

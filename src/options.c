@@ -130,3 +130,42 @@ sdpa_status sdpa__options_check(const char *fn, const sdpa_options *o) {
                           fn);
     return SDPA_OK;
 }
+
+/* One scale view (name "options->k_scale") of an FP8 view w (its dtype): shape [1] or [Hkv]. */
+static sdpa_status kv_scale(const char *fn, const char *name, const char *of, const sdpa_tensor *t, int64_t Hkv,
+                            sdpa__view4 *w) {
+    w->scale = NULL;
+    w->scale_stride = 0;
+    if (t == NULL)
+        return SDPA_OK;
+    if (w->dtype != SDPA_DTYPE_FP8_E4M3 && w->dtype != SDPA_DTYPE_FP8_E5M2)
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
+                          "%s: %s is set but %s.dtype=%s is not an FP8 dtype (scales apply to SDPA_DTYPE_FP8_E4M3 / "
+                          "_FP8_E5M2 caches; q8_0 blocks carry their own)",
+                          fn, name, of, sdpa_dtype_name((sdpa_dtype)w->dtype));
+    SDPA__TRY(sdpa__check_view(t, fn, name, 1, 1));
+    if (t->dtype != SDPA_DTYPE_F32)
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: %s.dtype=%s: scales are float32", fn, name,
+                          sdpa_dtype_name((sdpa_dtype)t->dtype));
+    const int64_t n = t->shape[0];
+    if (n != 1 && n != Hkv)
+        return sdpa__fail(SDPA_ERR_SHAPE,
+                          "%s: %s.shape[0]=%lld, expected 1 (per tensor) or Hkv=%lld (per kv head); per-token scales "
+                          "are not taken",
+                          fn, name, (long long)n, (long long)Hkv);
+    const float *x = (const float *)t->data;
+    for (int64_t h = 0; h < n; ++h) {
+        const float sc = x[h * t->strides[0]];
+        if (!(sc >= 0.0f) || isinf(sc))
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s[%lld]=%g must be finite and >= 0", fn, name,
+                              (long long)h, (double)sc);
+    }
+    w->scale = x;
+    w->scale_stride = n == 1 ? 0 : t->strides[0];
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__options_kv_scales(const char *fn, const sdpa_options *o, int64_t Hkv, sdpa__view4 *k, sdpa__view4 *v) {
+    SDPA__TRY(kv_scale(fn, "options->k_scale", "key", o->k_scale, Hkv, k));
+    return kv_scale(fn, "options->v_scale", "value", o->v_scale, Hkv, v);
+}

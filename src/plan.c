@@ -45,10 +45,12 @@ static sdpa_status expect_dim(const char *fn, const sdpa_tensor *t, const char *
                       (long long)want);
 }
 
-/* q, k, v, out and bias may each be f32, f16 or bf16 (0.4); weights and lse are f32. */
-static sdpa_status check_input(const char *fn, const sdpa_tensor *t, const char *name, int32_t rank_min, int32_t rank_max) {
+/* q, k, v, out and bias may each be f32, f16 or bf16 (0.4); weights and lse are f32; 0.6: k and
+ * v also the 8-bit cache dtypes (dtypes SDPA__DTYPES_KV). */
+static sdpa_status check_input(const char *fn, const sdpa_tensor *t, const char *name, int32_t rank_min, int32_t rank_max,
+                               unsigned dtypes) {
     sdpa_status st = sdpa__check_view(t, fn, name, rank_min, rank_max);
-    return st != SDPA_OK ? st : sdpa__check_dtype_supported(t, fn, name, SDPA__DTYPES_ALL);
+    return st != SDPA_OK ? st : sdpa__check_dtype_supported(t, fn, name, dtypes);
 }
 
 /* Check an output view against its expected logical shape (rank of q, or q's rank - 1 for lse). */
@@ -280,7 +282,7 @@ static sdpa_status plan_rules(const char *fn, sdpa__plan *p, const sdpa_options 
     }
     if (o->bias != NULL) {
         const sdpa_tensor *bt = o->bias;
-        SDPA__TRY(check_input(fn, bt, "bias", 1, 4));
+        SDPA__TRY(check_input(fn, bt, "bias", 1, 4, SDPA__DTYPES_ALL));
         SDPA__TRY(sdpa__broadcast4(fn, "bias", bt->rank, bt->shape, bt->strides, target, p->rules.bias.strides));
         int64_t numel = 1;
         for (int32_t d = 0; d < bt->rank; ++d) numel *= bt->shape[d];
@@ -295,7 +297,7 @@ static sdpa_status plan_rules(const char *fn, sdpa__plan *p, const sdpa_options 
 static sdpa_status plan_overlaps(const char *fn, const sdpa__plan *p, const sdpa_options *o, int64_t nseq,
                                  const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
                                  const sdpa_tensor *out, const sdpa_tensor *weights, const sdpa_tensor *lse) {
-    sdpa__named_span in[14], outs[4];
+    sdpa__named_span in[16], outs[4];
     int nin = 0, nout = 0;
     in[nin].name = "query"; in[nin++].s = sdpa__tensor_span(q);
     in[nin].name = "key"; in[nin++].s = sdpa__tensor_span(k);
@@ -342,6 +344,8 @@ static sdpa_status plan_overlaps(const char *fn, const sdpa__plan *p, const sdpa
         in[nin].s.lo = (uintptr_t)o->alibi_slopes;
         in[nin++].s.hi = (uintptr_t)(o->alibi_slopes + (o->alibi_slopes_rank == 2 ? nseq * p->Hq : p->Hq));
     }
+    if (o->k_scale) { in[nin].name = "k_scale"; in[nin++].s = sdpa__tensor_span(o->k_scale); } /* 0.6 */
+    if (o->v_scale) { in[nin].name = "v_scale"; in[nin++].s = sdpa__tensor_span(o->v_scale); }
     outs[nout].name = "out"; outs[nout++].s = sdpa__tensor_span(out);
     if (weights) { outs[nout].name = "weights"; outs[nout++].s = sdpa__tensor_span(weights); }
     if (lse) { outs[nout].name = "lse"; outs[nout++].s = sdpa__tensor_span(lse); }
@@ -424,9 +428,9 @@ sdpa_status sdpa__plan_make(const char *fn, const sdpa_tensor *q, const sdpa_ten
     if (k == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: key is NULL", fn);
     if (v == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: value is NULL", fn);
     if (!for_size && out == NULL) return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: out is NULL", fn);
-    SDPA__TRY(check_input(fn, q, "query", 3, 4));
-    SDPA__TRY(check_input(fn, k, "key", 3, 4));
-    SDPA__TRY(check_input(fn, v, "value", 3, 4));
+    SDPA__TRY(check_input(fn, q, "query", 3, 4, SDPA__DTYPES_ALL));
+    SDPA__TRY(check_input(fn, k, "key", 3, 4, SDPA__DTYPES_KV));
+    SDPA__TRY(check_input(fn, v, "value", 3, 4, SDPA__DTYPES_KV));
     SDPA__TRY(sdpa__options_read(fn, opt_in, o));
     SDPA__TRY(check_option_arrays_aligned(fn, o));
     if (k->rank != q->rank || v->rank != q->rank)
@@ -471,6 +475,7 @@ sdpa_status sdpa__plan_make(const char *fn, const sdpa_tensor *q, const sdpa_ten
     if (!for_size)
         SDPA__TRY(plan_outputs(fn, p, rank, out, weights, lse));
     SDPA__TRY(plan_rules(fn, p, o, nseq));
+    SDPA__TRY(sdpa__options_kv_scales(fn, o, p->Hkv, &p->k, &p->v)); /* 0.6 */
     if (!for_size)
         SDPA__TRY(plan_overlaps(fn, p, o, nseq, q, k, v, out, weights, lse));
     return plan_settings(fn, p, o, nseq);

@@ -15,6 +15,14 @@ bool sdpa__add_overflow(int64_t a, int64_t b, int64_t *out) {
 /* Largest byte span we accept: fits ptrdiff_t and size_t with room for pointer arithmetic. */
 #define SDPA__MAX_SPAN_BYTES ((int64_t)(PTRDIFF_MAX / 2))
 
+void sdpa__storage_shape(int32_t dtype, int32_t rank, const int64_t *shape, int64_t *out) {
+    for (int32_t d = 0; d < rank; ++d)
+        out[d] = shape[d];
+    if (dtype == SDPA_DTYPE_Q8_0 && rank >= 1)
+        if (shape[rank - 1] >= 0) /* (a negative size stays as it is, for the geometry's message) */
+            out[rank - 1] = shape[rank - 1] / SDPA_Q8_0_BLOCK; /* exact: view validation checks it */
+}
+
 sdpa_status sdpa__check_geometry(const char *fn, const char *name, int32_t rank, const int64_t *shape,
                                  const int64_t *strides, size_t elem) {
     int64_t numel = 1, span = 0;
@@ -117,11 +125,13 @@ sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *fn, const char 
 sdpa_status sdpa__check_output_layout(const sdpa_tensor *t, const char *fn, const char *name) {
     int order[SDPA_MAX_RANK];
     int n = 0;
+    int64_t shape[SDPA_MAX_RANK]; /* in storage units (q8_0: blocks on the last axis) */
+    sdpa__storage_shape(t->dtype, t->rank, t->shape, shape);
     for (int d = 0; d < t->rank; ++d)
-        if (t->shape[d] == 0)
+        if (shape[d] == 0)
             return SDPA_OK; /* empty: nothing is written, whatever the strides of the other dims */
     for (int d = 0; d < t->rank; ++d) {
-        if (t->shape[d] == 1)
+        if (shape[d] == 1)
             continue;
         if (t->strides[d] <= 0)
             return sdpa__fail(SDPA_ERR_STRIDE, "%s: %s.strides[%d]=%lld must be > 0 on an output (shape[%d]=%lld)",
@@ -144,7 +154,7 @@ sdpa_status sdpa__check_output_layout(const sdpa_tensor *t, const char *fn, cons
         if (t->strides[d] < extent)
             return sdpa__fail(SDPA_ERR_STRIDE, "%s: %s overlaps itself: strides[%d]=%lld is smaller than the extent %lld of the dims inside it",
                               fn, name, d, (long long)t->strides[d], (long long)extent);
-        extent += (t->shape[d] - 1) * t->strides[d];
+        extent += (shape[d] - 1) * t->strides[d];
     }
     return SDPA_OK;
 }
@@ -162,7 +172,10 @@ static sdpa__span span_of(const void *data, int32_t rank, const int64_t *shape, 
 }
 
 sdpa__span sdpa__tensor_span(const sdpa_tensor *t) {
-    return span_of(t->data, t->rank, t->shape, t->strides, sdpa_dtype_size((sdpa_dtype)t->dtype));
+    int64_t shape[SDPA_MAX_RANK];
+    const int32_t rank = t->rank >= 1 && t->rank <= SDPA_MAX_RANK ? t->rank : 0;
+    sdpa__storage_shape(t->dtype, rank, t->shape, shape);
+    return span_of(t->data, rank, shape, t->strides, sdpa_dtype_size((sdpa_dtype)t->dtype));
 }
 
 sdpa__span sdpa__mask_span(const sdpa_allow_mask *m) {
@@ -306,6 +319,9 @@ SDPA_API size_t sdpa_dtype_size(sdpa_dtype dtype) {
     case SDPA_DTYPE_F32: return 4;
     case SDPA_DTYPE_F16: return 2;
     case SDPA_DTYPE_BF16: return 2;
+    case SDPA_DTYPE_Q8_0: return SDPA_Q8_0_BLOCK_BYTES; /* one block of 32 (the storage unit) */
+    case SDPA_DTYPE_FP8_E4M3: return 1;
+    case SDPA_DTYPE_FP8_E5M2: return 1;
     default: return 0;
     }
 }
@@ -315,6 +331,9 @@ SDPA_API const char *sdpa_dtype_name(sdpa_dtype dtype) {
     case SDPA_DTYPE_F32: return "float32";
     case SDPA_DTYPE_F16: return "float16";
     case SDPA_DTYPE_BF16: return "bfloat16";
+    case SDPA_DTYPE_Q8_0: return "q8_0";
+    case SDPA_DTYPE_FP8_E4M3: return "fp8_e4m3";
+    case SDPA_DTYPE_FP8_E5M2: return "fp8_e5m2";
     default: return "unknown";
     }
 }
@@ -325,9 +344,50 @@ static const char *dtype_enum_name(int32_t dtype) {
     case SDPA_DTYPE_F32: return "SDPA_DTYPE_F32";
     case SDPA_DTYPE_F16: return "SDPA_DTYPE_F16";
     case SDPA_DTYPE_BF16: return "SDPA_DTYPE_BF16";
+    case SDPA_DTYPE_Q8_0: return "SDPA_DTYPE_Q8_0";
+    case SDPA_DTYPE_FP8_E4M3: return "SDPA_DTYPE_FP8_E4M3";
+    case SDPA_DTYPE_FP8_E5M2: return "SDPA_DTYPE_FP8_E5M2";
     default: return "not an sdpa_dtype";
     }
 }
+
+/* 0.6, the 8-bit K/V dtypes: a q8_0 view's shape counts elements (its last axis, the head
+ * width, a multiple of SDPA_Q8_0_BLOCK: SDPA_ERR_SHAPE) and its strides count blocks of 34
+ * bytes, the last axis being contiguous blocks (stride 1: SDPA_ERR_STRIDE). The geometry
+ * checks then run on the storage shape (sshape: blocks on the last axis). Other dtypes: the
+ * shape as it is. */
+static sdpa_status check_block_layout(const char *fn, const char *name, int32_t dtype, int32_t rank,
+                                      const int64_t *shape, int64_t *sshape) {
+    sdpa__storage_shape(dtype, rank, shape, sshape);
+    if (dtype != SDPA_DTYPE_Q8_0 || rank < 1)
+        return SDPA_OK;
+    const int64_t e = shape[rank - 1];
+    if (e >= 0 && e % SDPA_Q8_0_BLOCK != 0)
+        return sdpa__fail(SDPA_ERR_SHAPE,
+                          "%s: %s is a q8_0 view with shape[%d]=%lld elements on its last axis, not a multiple of "
+                          "the block size %d (ggml block_q8_0: 32 int8 values and one f16 scale per block)",
+                          fn, name, (int)(rank - 1), (long long)e, SDPA_Q8_0_BLOCK);
+    return SDPA_OK;
+}
+
+/* After the geometry: a non-empty q8_0 view's last axis must be contiguous blocks. */
+static sdpa_status check_block_stride(const char *fn, const char *name, int32_t dtype, int32_t rank,
+                                      const int64_t *sshape, const int64_t *strides) {
+    if (dtype != SDPA_DTYPE_Q8_0 || rank < 1)
+        return SDPA_OK;
+    for (int32_t d = 0; d < rank; ++d)
+        if (sshape[d] == 0)
+            return SDPA_OK;
+    if (strides[rank - 1] != 1)
+        return sdpa__fail(SDPA_ERR_STRIDE,
+                          "%s: %s.strides[%d]=%lld: a q8_0 view's strides count blocks of 34 bytes and its last axis "
+                          "must be contiguous blocks (stride 1; a ggml tensor's nb[] in bytes / 34)",
+                          fn, name, (int)(rank - 1), (long long)strides[rank - 1]);
+    return SDPA_OK;
+}
+
+/* Alignment of a view's data: its element size, 2 for q8_0 (its blocks start with an f16). */
+static size_t data_align(int32_t dtype, size_t elem) { return dtype == SDPA_DTYPE_Q8_0 ? 2 : elem; }
 
 sdpa_status sdpa__check_view(const sdpa_tensor *t, const char *fn, const char *name, int32_t rank_min,
                              int32_t rank_max) {
@@ -335,7 +395,7 @@ sdpa_status sdpa__check_view(const sdpa_tensor *t, const char *fn, const char *n
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
     const size_t elem = sdpa_dtype_size((sdpa_dtype)t->dtype);
     if (elem == 0)
-        return sdpa__fail(SDPA_ERR_DTYPE, "%s: %s.dtype=%d is not an sdpa_dtype (SDPA_DTYPE_F32, _F16 or _BF16)", fn,
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: %s.dtype=%d is not an sdpa_dtype (SDPA_DTYPE_F32, _F16, _BF16, _Q8_0, _FP8_E4M3 or _FP8_E5M2)", fn,
                           name, (int)t->dtype);
     if (t->rank < rank_min || t->rank > rank_max) {
         if (rank_min == rank_max)
@@ -350,18 +410,21 @@ sdpa_status sdpa__check_view(const sdpa_tensor *t, const char *fn, const char *n
         if (t->shape[d] != 0 || t->strides[d] != 0)
             return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: %s.shape[%d] and strides[%d] are beyond rank=%d and must be 0",
                               fn, name, (int)d, (int)d, (int)t->rank);
-    sdpa_status st = sdpa__check_geometry(fn, name, t->rank, t->shape, t->strides, elem);
+    int64_t ss[SDPA_MAX_RANK];
+    SDPA__TRY(check_block_layout(fn, name, t->dtype, t->rank, t->shape, ss));
+    sdpa_status st = sdpa__check_geometry(fn, name, t->rank, ss, t->strides, elem);
     if (st != SDPA_OK)
         return st;
-    int64_t numel = 1;
+    SDPA__TRY(check_block_stride(fn, name, t->dtype, t->rank, ss, t->strides));
+    int64_t numel = 1; /* storage units (q8_0: blocks), checked by sdpa__check_geometry */
     for (int32_t d = 0; d < t->rank; ++d)
-        numel *= t->shape[d];
+        numel *= ss[d];
     if (numel > 0 && t->data == NULL)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL but the view has %lld elements", fn,
-                          name, (long long)numel);
-    if ((st = check_address_range(fn, name, t->data, t->rank, t->shape, t->strides, elem)) != SDPA_OK)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: %s.data is NULL but the view has %lld %s", fn,
+                          name, (long long)numel, t->dtype == SDPA_DTYPE_Q8_0 ? "blocks" : "elements");
+    if ((st = check_address_range(fn, name, t->data, t->rank, ss, t->strides, elem)) != SDPA_OK)
         return st;
-    return check_data_aligned(fn, name, t->data, t->rank, t->shape, elem);
+    return check_data_aligned(fn, name, t->data, t->rank, ss, data_align(t->dtype, elem));
 }
 
 sdpa_status sdpa__check_dtype_supported(const sdpa_tensor *t, const char *fn, const char *name, unsigned dtypes) {
@@ -373,6 +436,11 @@ sdpa_status sdpa__check_dtype_supported(const sdpa_tensor *t, const char *fn, co
                           "%s: %s.dtype=%s is a valid %s view, but %s computes float32 only: its %s loaders and "
                           "kernels are not built yet",
                           fn, name, dtype_enum_name(t->dtype), dn, fn, dn);
+    if (t->dtype >= 0 && t->dtype < 31 && ((SDPA__DTYPES_8BIT >> t->dtype) & 1u))
+        return sdpa__fail(SDPA_ERR_DTYPE,
+                          "%s: %s.dtype=%s (%s) is an 8-bit K/V cache dtype: only sdpa_attention's key and value "
+                          "may have it",
+                          fn, name, dtype_enum_name(t->dtype), dn);
     return sdpa__fail(SDPA_ERR_DTYPE, "%s: %s.dtype=%s (%s) is not supported here", fn, name,
                       dtype_enum_name(t->dtype), dn);
 }
@@ -390,22 +458,25 @@ static sdpa_status init_view(const char *fn, sdpa_tensor *view, const void *data
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: strides is NULL", fn);
     const size_t elem = sdpa_dtype_size(dtype);
     if (elem == 0)
-        return sdpa__fail(SDPA_ERR_DTYPE, "%s: dtype=%d is not an sdpa_dtype (SDPA_DTYPE_F32, _F16 or _BF16)", fn,
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: dtype=%d is not an sdpa_dtype (SDPA_DTYPE_F32, _F16, _BF16, _Q8_0, _FP8_E4M3 or _FP8_E5M2)", fn,
                           (int)dtype);
     if (rank < 1 || rank > SDPA_MAX_RANK)
         return sdpa__fail(SDPA_ERR_RANK, "%s: rank=%d, expected 1..%d", fn, (int)rank, (int)SDPA_MAX_RANK);
-    sdpa_status st = sdpa__check_geometry(fn, "view", rank, shape, strides, elem);
+    int64_t ss[SDPA_MAX_RANK];
+    SDPA__TRY(check_block_layout(fn, "view", (int32_t)dtype, rank, shape, ss));
+    sdpa_status st = sdpa__check_geometry(fn, "view", rank, ss, strides, elem);
     if (st != SDPA_OK)
         return st;
+    SDPA__TRY(check_block_stride(fn, "view", (int32_t)dtype, rank, ss, strides));
     int64_t numel = 1;
     for (int32_t d = 0; d < rank; ++d)
-        numel *= shape[d]; /* no overflow: checked by sdpa__check_geometry */
+        numel *= ss[d]; /* no overflow: checked by sdpa__check_geometry (q8_0: blocks) */
     if (data == NULL && numel > 0)
-        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld elements", fn,
-                          (long long)numel);
-    st = check_address_range(fn, "view", data, rank, shape, strides, elem);
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: data is NULL but the view has %lld %s", fn,
+                          (long long)numel, dtype == SDPA_DTYPE_Q8_0 ? "blocks" : "elements");
+    st = check_address_range(fn, "view", data, rank, ss, strides, elem);
     if (st == SDPA_OK)
-        st = check_data_aligned(fn, "view", data, rank, shape, elem);
+        st = check_data_aligned(fn, "view", data, rank, ss, data_align((int32_t)dtype, elem));
     if (st != SDPA_OK)
         return st;
     /* The library never writes through an input view: the cast only keeps the frozen layout. */
@@ -435,9 +506,15 @@ static sdpa_status init_contiguous(const char *fn, sdpa_tensor *view, const void
     view->dtype = SDPA_DTYPE_F32;
     const size_t elem = sdpa_dtype_size(dtype);
     if (elem == 0)
-        return sdpa__fail(SDPA_ERR_DTYPE, "%s: dtype=%d is not an sdpa_dtype (SDPA_DTYPE_F32, _F16 or _BF16)", fn,
+        return sdpa__fail(SDPA_ERR_DTYPE, "%s: dtype=%d is not an sdpa_dtype (SDPA_DTYPE_F32, _F16, _BF16, _Q8_0, _FP8_E4M3 or _FP8_E5M2)", fn,
                           (int)dtype);
-    sdpa_status st = contiguous_strides(fn, "view", rank, SDPA_MAX_RANK, shape, elem, strides);
+    if (shape == NULL)
+        return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: shape is NULL", fn);
+    if (rank < 1 || rank > SDPA_MAX_RANK)
+        return sdpa__fail(SDPA_ERR_RANK, "%s: rank=%d, expected 1..%d", fn, (int)rank, (int)SDPA_MAX_RANK);
+    int64_t ss[SDPA_MAX_RANK]; /* q8_0: row-major strides over blocks (last 1, next E / 32) */
+    SDPA__TRY(check_block_layout(fn, "view", (int32_t)dtype, rank, shape, ss));
+    sdpa_status st = contiguous_strides(fn, "view", rank, SDPA_MAX_RANK, ss, elem, strides);
     if (st != SDPA_OK)
         return st;
     return init_view(fn, view, data, dtype, rank, shape, strides);
@@ -456,5 +533,7 @@ _Static_assert(offsetof(sdpa_options, sinks) == offsetof(sdpa_options, reserved1
                "sdpa_options 0.5 fields follow reserved1");
 _Static_assert(offsetof(sdpa_options, block_table) == offsetof(sdpa_options, threadpool) + sizeof(void *),
                "sdpa_options 0.5 paged/packed fields follow threadpool");
-_Static_assert(sizeof(sdpa_options) == offsetof(sdpa_options, num_seqs) + 8, "sdpa_options ends with num_seqs");
+_Static_assert(offsetof(sdpa_options, k_scale) == offsetof(sdpa_options, num_seqs) + 8,
+               "sdpa_options 0.6 fields follow num_seqs");
+_Static_assert(sizeof(sdpa_options) == offsetof(sdpa_options, v_scale) + sizeof(void *), "sdpa_options ends with v_scale");
 #endif

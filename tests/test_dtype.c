@@ -44,7 +44,7 @@ static void dtype_size_and_name(void **state)
     assert_int_equal(sdpa_dtype_size(SDPA_DTYPE_F32), 4);
     assert_int_equal(sdpa_dtype_size(SDPA_DTYPE_F16), 2);
     assert_int_equal(sdpa_dtype_size(SDPA_DTYPE_BF16), 2);
-    assert_int_equal(sdpa_dtype_size((sdpa_dtype)3), 0);
+    assert_int_equal(sdpa_dtype_size((sdpa_dtype)6), 0);
     assert_int_equal(sdpa_dtype_size((sdpa_dtype)-1), 0);
     assert_string_equal(sdpa_dtype_name(SDPA_DTYPE_F32), "float32");
     assert_string_equal(sdpa_dtype_name(SDPA_DTYPE_F16), "float16");
@@ -110,7 +110,7 @@ static void init_strided_rejects_bad_input(void **state)
         "NULL strides");
     BAD(sdpa_tensor_init_strided(&t, NULL, SDPA_DTYPE_F16, 2, shape, strides), SDPA_ERR_NULL_POINTER, "data",
         "NULL data");
-    BAD(sdpa_tensor_init_strided(&t, buf, (sdpa_dtype)3, 2, shape, strides), SDPA_ERR_DTYPE, "dtype=3",
+    BAD(sdpa_tensor_init_strided(&t, buf, (sdpa_dtype)6, 2, shape, strides), SDPA_ERR_DTYPE, "dtype=6",
         "unknown dtype");
     BAD(sdpa_tensor_init_strided(&t, buf, SDPA_DTYPE_F16, 0, shape, strides), SDPA_ERR_RANK, "rank=0", "rank 0");
     BAD(sdpa_tensor_init_strided(&t, buf, SDPA_DTYPE_F16, SDPA_MAX_RANK + 1, shape, strides), SDPA_ERR_RANK, "rank=9",
@@ -250,9 +250,9 @@ static void attention_names_reduced_precision_views(void **state)
     o.bias = &tb;
     expect_status(sdpa_attention(&g.tq, &g.tk, &g.tv, &o, &g.to, NULL, NULL), SDPA_OK, NULL, "bias f16 (0.4: computed)");
     /* a dtype that is not an sdpa_dtype is named as such */
-    g.tk.dtype = 5;
-    expect_status(sdpa_attention(&g.tq, &g.tk, &g.tv, NULL, &g.to, NULL, NULL), SDPA_ERR_DTYPE, "key.dtype=5",
-                  "dtype 5");
+    g.tk.dtype = 6;
+    expect_status(sdpa_attention(&g.tq, &g.tk, &g.tv, NULL, &g.to, NULL, NULL), SDPA_ERR_DTYPE, "key.dtype=6",
+                  "dtype 6");
 }
 
 static void golden_under(const sdpa_options *o, const char *what)

@@ -317,8 +317,8 @@ static void validation_unbroadcastable_bias_is_rejected(void **state)
     assert_int_equal(sdpa_tensor_init(&f->tb, f->bias, 5, s5), SDPA_OK);
     CHECK_FAIL(f, SDPA_ERR_RANK, "bias rank 5");
     f->tb = tc_view4(f->bias, B, HQ, L, S);
-    f->tb.dtype = 3;
-    CHECK_FAIL(f, SDPA_ERR_DTYPE, "bias dtype 3");
+    f->tb.dtype = 6; /* 3..5: the 8-bit K/V dtypes (0.6) */
+    CHECK_FAIL(f, SDPA_ERR_DTYPE, "bias dtype 6");
     free(f);
 }
 
@@ -545,8 +545,8 @@ static void validation_non_f32_dtype_is_rejected(void **state)
     (void)state;
     fx *f = fx_new();
     /* q/k/v/out/bias may be f16 or bf16 (0.4); weights and lse stay float32. */
-    f->tq.dtype = 3;
-    CHECK_FAIL(f, SDPA_ERR_DTYPE, "q dtype 3");
+    f->tq.dtype = 6;
+    CHECK_FAIL(f, SDPA_ERR_DTYPE, "q dtype 6");
     f->tq.dtype = SDPA_DTYPE_F32;
     f->tw.dtype = SDPA_DTYPE_F16;
     CHECK_FAIL(f, SDPA_ERR_DTYPE, "weights F16");

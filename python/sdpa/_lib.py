@@ -34,6 +34,9 @@ SDPA_MASK_MAX_RANK = 4
 SDPA_DTYPE_F32 = 0
 SDPA_DTYPE_F16 = 1
 SDPA_DTYPE_BF16 = 2
+SDPA_DTYPE_Q8_0 = 3      # 0.6: 8-bit K/V caches (ggml block_q8_0; strides in 34-byte blocks)
+SDPA_DTYPE_FP8_E4M3 = 4  # 0.6 (OCP E4M3FN, torch.float8_e4m3fn)
+SDPA_DTYPE_FP8_E5M2 = 5  # 0.6 (torch.float8_e5m2)
 
 c_status = ctypes.c_int  # sdpa_status is int-sized (SDPA_STATUS_FORCE_INT32_)
 
@@ -66,7 +69,7 @@ class SdpaAllowMask(ctypes.Structure):
 
 
 class SdpaOptions(ctypes.Structure):
-    """sdpa_options of 0.5, field for field (the 0.1 layout, then the fields each version
+    """sdpa_options of 0.6, field for field (the 0.1 layout, then the fields each version
     appended). struct_size = ctypes.sizeof(SdpaOptions) tells the library which it is."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
@@ -112,6 +115,9 @@ class SdpaOptions(ctypes.Structure):
         ("cu_seqlens_q", ctypes.c_void_p),        # const int32_t *
         ("cu_seqlens_k", ctypes.c_void_p),        # const int32_t *
         ("num_seqs", ctypes.c_int64),
+        # appended in 0.6: scales of FP8 K/V caches
+        ("k_scale", ctypes.c_void_p),             # const sdpa_tensor *
+        ("v_scale", ctypes.c_void_p),             # const sdpa_tensor *
     ]
 
 
@@ -206,7 +212,7 @@ class SdpaCost(ctypes.Structure):
 STRUCT_SIZES_LP64 = {
     SdpaTensor: 160,
     SdpaAllowMask: 80,
-    SdpaOptions: 248,
+    SdpaOptions: 264,
     SdpaMhaParams: 136,
     SdpaMhaOptions: 104,
     SdpaCostOptions: 16,
@@ -219,6 +225,7 @@ if ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(ctypes.c_long) == 8:
     assert SdpaOptions.kernel.offset == 136 and SdpaOptions.workspace_bytes.offset == 128
     assert SdpaOptions.precision.offset == 144 and SdpaOptions.sinks.offset == 152
     assert SdpaOptions.block_table.offset == 200 and SdpaOptions.num_seqs.offset == 240
+    assert SdpaOptions.k_scale.offset == 248 and SdpaOptions.v_scale.offset == 256
     assert SdpaMhaParams.add_zero_attn.offset == 128
     assert SdpaMhaOptions.dropout_p.offset == 60 and SdpaMhaOptions.empty_rows.offset == 80
     assert SdpaCost.kernel.offset == 16 and SdpaCost.workspace_bytes.offset == 88

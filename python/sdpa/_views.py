@@ -23,8 +23,9 @@ import numpy as np
 
 from ._arrays import as_numpy, is_bf16, kind_of
 from ._errors import py_error
-from ._lib import (SDPA_DTYPE_BF16, SDPA_DTYPE_F16, SDPA_DTYPE_F32, SDPA_MASK_MAX_RANK,
-                   SDPA_MAX_RANK, SdpaAllowMask, SdpaTensor)
+from ._lib import (SDPA_DTYPE_BF16, SDPA_DTYPE_F16, SDPA_DTYPE_F32, SDPA_DTYPE_FP8_E4M3,
+                   SDPA_DTYPE_FP8_E5M2, SDPA_DTYPE_Q8_0, SDPA_MASK_MAX_RANK, SDPA_MAX_RANK,
+                   SdpaAllowMask, SdpaTensor)
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
@@ -102,6 +103,62 @@ def _fill(view, array, name, itemsize):
                            f"size {itemsize}")
         view.shape[d] = size
         view.strides[d] = stride // itemsize
+
+
+#: The 8-bit K/V cache dtypes (0.6) by name: their stored bytes come as uint8 (or int8) arrays.
+KV8_DTYPES = {"q8_0": SDPA_DTYPE_Q8_0, "fp8_e4m3": SDPA_DTYPE_FP8_E4M3, "fp8_e5m2": SDPA_DTYPE_FP8_E5M2}
+Q8_0_BLOCK, Q8_0_BLOCK_BYTES = 32, 34
+
+
+def kv8_view(array, name, kind):
+    """An SdpaTensor over the stored bytes of an 8-bit K/V cache (libsdpa 0.6): `array` is a
+    uint8 (or int8) array of any strides, `kind` one of KV8_DTYPES. FP8: one byte per element,
+    shape and strides as they are. q8_0 (ggml block_q8_0): the last axis holds whole 34-byte
+    blocks (length a multiple of 34, contiguous: stride 1 byte), so a [..., E / 32 * 34] array
+    is the view [..., E] whose strides count blocks (every other stride a multiple of 34
+    bytes). No copy."""
+    if kind not in KV8_DTYPES:
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                       f"{name}_dtype={kind!r} is not one of {sorted(KV8_DTYPES)}")
+    array = as_numpy(array, name)
+    if array.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        raise py_error("SDPA_ERR_DTYPE", f"{name} with {name[0]}_dtype={kind!r} must be the cache's "
+                       f"bytes as a uint8 array, got {array.dtype}")
+    if not 1 <= array.ndim <= SDPA_MAX_RANK:
+        raise py_error("SDPA_ERR_RANK", f"{name}.ndim={array.ndim} is outside 1..{SDPA_MAX_RANK}")
+    t = SdpaTensor()
+    t.data = address(array) or None
+    t.dtype = KV8_DTYPES[kind]
+    t.rank = array.ndim
+    if kind != "q8_0":
+        _fill(t, array, name, 1)
+        return t
+    last = array.shape[-1]
+    if last % Q8_0_BLOCK_BYTES:
+        raise py_error("SDPA_ERR_SHAPE", f"{name}: a q8_0 cache's last axis holds 34-byte blocks "
+                       f"(ggml block_q8_0), its length {last} is not a multiple of 34")
+    if array.size and array.strides[-1] != 1 and last > 1:
+        raise py_error("SDPA_ERR_STRIDE", f"{name}: a q8_0 cache's last axis must be contiguous "
+                       f"bytes (stride {array.strides[-1]})")
+    if array.size and address(array) % 2:
+        raise py_error("SDPA_ERR_ALIGNMENT", f"{name}: data address {address(array):#x} is not "
+                       "2-byte aligned (a q8_0 block starts with its f16 scale)")
+    for d in range(array.ndim - 1):
+        stride = array.strides[d]
+        if stride % Q8_0_BLOCK_BYTES and array.shape[d] > 1:
+            raise py_error("SDPA_ERR_STRIDE", f"{name}.strides[{d}]={stride} bytes is not a whole "
+                           "number of 34-byte q8_0 blocks")
+        t.shape[d] = array.shape[d]
+        t.strides[d] = stride // Q8_0_BLOCK_BYTES
+    t.shape[array.ndim - 1] = last // Q8_0_BLOCK_BYTES * Q8_0_BLOCK
+    t.strides[array.ndim - 1] = 1
+    return t
+
+
+def kv8_width(array, kind):
+    """Elements of the last axis of an 8-bit cache's bytes (q8_0: 32 per 34 bytes)."""
+    last = array.shape[-1]
+    return last // Q8_0_BLOCK_BYTES * Q8_0_BLOCK if kind == "q8_0" else last
 
 
 def mask_view(array, name):

@@ -10,9 +10,9 @@ from . import _lib
 from ._arrays import as_numpy, kind_of, new_array, wrap
 from ._errors import py_error
 from .serving import ThreadPool
-from ._views import (F32, attach_vector, attach_view, choice, float32_vector, int32,
-                     int32_table, int64, is_additive, mask_view, real, sdpa_dtype, table_address,
-                     tensor_view, uint64)
+from ._views import (F32, KV8_DTYPES, attach_vector, attach_view, choice, float32_vector, int32,
+                     int32_table, int64, is_additive, kv8_view, kv8_width, mask_view, real,
+                     sdpa_dtype, table_address, tensor_view, uint64)
 
 __all__ = ["scaled_dot_product_attention", "cost", "Cost", "merge", "last_kernel", "ALIGNMENTS", "EMPTY_ROWS",
            "WEIGHTS_STAGES", "KERNELS", "PRECISIONS"]
@@ -92,7 +92,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
                                  check_finite=True, kernel="auto", num_threads=0, out=None,
                                  precision="default", sinks=None, alibi_slopes=None,
                                  block_table=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                                 threadpool=None):
+                                 threadpool=None, k_dtype=None, v_dtype=None, k_scale=None,
+                                 v_scale=None):
     """Scaled dot-product attention on numpy arrays, torch CPU tensors or any array with
     __dlpack__ / __array_interface__ (libsdpa's sdpa_attention), without copies.
 
@@ -178,6 +179,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, bias=None, c
         sequence; attn_mask, bias, query_lengths and weights are not available.
     threadpool: a ThreadPool; the call runs on its threads and starts none of its own
         (num_threads > 0 caps the threads used). close() waits for this call to return.
+
+    8-bit K/V caches (libsdpa 0.6; docs/serving.md): numpy and this torch have no q8_0 or fp8
+    dtypes, so such a cache is passed as its bytes, a uint8 array (any strides, no copy), with
+    k_dtype= / v_dtype= naming the format: "q8_0" (ggml block_q8_0, llama.cpp --cache-type-k
+    q8_0: the last axis holds E / 32 blocks of 34 bytes, contiguous; [..., E / 32 * 34] bytes
+    mean [..., E] elements), "fp8_e4m3" (OCP E4M3FN, torch.float8_e4m3fn, vLLM "fp8") or
+    "fp8_e5m2" (one byte per element). torch float8_e4m3fn / float8_e5m2 tensors (torch >= 2.1)
+    are taken as such, without k_dtype. K and V formats are independent (q8_0 K with float16
+    V). k_scale, v_scale: FP8 scales (vLLM k_scale / v_scale): a float, or a float32 [1] /
+    [Hkv] array; value = fp8 * scale. Each stored value is dequantized exactly; attention then
+    runs in float32 as for a float32 cache (error bound: include/sdpa.h).
     Integer metadata (key_lengths, query_lengths, query_offsets, block_table, cu_seqlens_*):
         integer arrays or lists of ints; bools and floats (even 3.0) raise SdpaDtypeError.
 
@@ -300,6 +312,7 @@ def _call(a, exact):
     check_finite, kernel, num_threads, out = a["check_finite"], a["kernel"], a["num_threads"], a["out"]
     precision, sinks, alibi_slopes, block_table = a["precision"], a["sinks"], a["alibi_slopes"], a["block_table"]
     cu_seqlens_q, cu_seqlens_k, threadpool = a["cu_seqlens_q"], a["cu_seqlens_k"], a["threadpool"]
+    k_dtype, v_dtype, k_scale, v_scale = a["k_dtype"], a["v_dtype"], a["k_scale"], a["v_scale"]
     del a
     lib = _lib.get()
     # Results come back as the caller's type: `out` itself when given, else torch tensors for
@@ -308,19 +321,24 @@ def _call(a, exact):
     out_given = out
     like = kind_of(query)
     origin = {"query": like, "key": kind_of(key), "value": kind_of(value)}  # for error hints
+    key, k_dtype = _torch_fp8(key, k_dtype)
+    value, v_dtype = _torch_fp8(value, v_dtype)
     query = as_numpy(query, "query")
     key = as_numpy(key, "key")
     value = as_numpy(value, "value")
+    kinds = {"query": None, "key": k_dtype, "value": v_dtype}
     for name, a in (("query", query), ("key", key), ("value", value)):
         if a.ndim < 2:
-            tensor_view(a, name, origin=origin[name])  # raises the precise error (dtype, rank)
+            if kinds[name] is None:
+                tensor_view(a, name, origin=origin[name])  # raises the precise error (dtype, rank)
             raise py_error("SDPA_ERR_RANK", f"{name}.ndim={a.ndim}, expected 3 or 4")
     tq = tensor_view(query, "query", origin=origin["query"])
-    tk = tensor_view(key, "key", origin=origin["key"])
-    tv = tensor_view(value, "value", origin=origin["value"])
+    tk = tensor_view(key, "key", origin=origin["key"]) if k_dtype is None else kv8_view(key, "key", k_dtype)
+    tv = tensor_view(value, "value", origin=origin["value"]) if v_dtype is None else kv8_view(value, "value", v_dtype)
     qnd = query.ndim
 
-    out_shape = query.shape[:-1] + value.shape[-1:]
+    ev = value.shape[-1] if v_dtype is None else kv8_width(value, v_dtype)
+    out_shape = query.shape[:-1] + (ev,)
     tout = None
     if out is not None:
         like = None
@@ -417,6 +435,10 @@ def _call(a, exact):
     opt.num_threads = int32(num_threads, "num_threads", minimum=0)
     opt.precision = choice(precision, PRECISIONS, "precision")
 
+    # 0.6: FP8 scales (float32 [1] or [Hkv]; a Python float becomes a new [1] array)
+    k_scale_arr, tks = _scale_view(opt, "k_scale", k_scale)
+    v_scale_arr, tvs = _scale_view(opt, "v_scale", v_scale)
+
     sink_arr = slope_arr = None
     heads = query.shape[1] if qnd == 4 else 1  # Hq (rank 3: one head)
     if sinks is not None:
@@ -468,6 +490,7 @@ def _call(a, exact):
     lib.check(status)
     # The arrays the views point into were alive until here (locals of this frame).
     del mask_arr, bias_arr, kl, ql, qo, table, cu_q, cu_k, sink_arr, slope_arr, threadpool
+    del k_scale_arr, v_scale_arr, tks, tvs
 
     if weights is None and lse is None:
         return out_given
@@ -477,6 +500,33 @@ def _call(a, exact):
     if lse is not None:
         result += (wrap(lse, result_like),)
     return result
+
+
+_TORCH_FP8 = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+
+
+def _torch_fp8(x, kind):
+    """A torch float8 tensor (torch >= 2.1) as its uint8 bytes and its format name."""
+    if kind is not None or kind_of(x) != "torch":
+        return x, kind
+    name = str(x.dtype).replace("torch.", "")
+    if name not in _TORCH_FP8:
+        return x, kind
+    import sys
+    return x.view(sys.modules["torch"].uint8), _TORCH_FP8[name]
+
+
+def _scale_view(opt, field, scale):
+    """options.k_scale / v_scale from a float or a float32 [1] / [Hkv] array (0.6)."""
+    if scale is None:
+        return None, None
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        arr = np.array([scale], dtype=np.float32)
+    else:  # any strides; its dtype, rank and shape are the library's to check
+        arr = as_numpy(scale, field)
+    t = tensor_view(arr, field, origin=kind_of(scale))
+    setattr(opt, field, ctypes.addressof(t))
+    return arr, t
 
 
 def merge(out_a, lse_a, out_b, lse_b):
