@@ -8,6 +8,7 @@
  *  - narrow f16 and bf16: integer lanes computing the scalar rules of convert.h (FCVTN would
  *    round in FPCR's mode, which the caller may have changed).
  *  - finite scans: the exponent-field compare, OR-accumulated (no early exit).
+ *  - the 8-bit K/V dtypes (q8_0, FP8 E4M3FN / E5M2): the portable members.
  * Unit stride runs 8 elements per step; other strides and tails use the scalar rules. */
 #include "convert.h"
 
@@ -122,6 +123,16 @@ AI bool finite_t(const uint16_t *x, ptrdiff_t stride, int64_t n, uint16_t exp_ma
 static bool n_finite_f16(const uint16_t *x, ptrdiff_t stride, int64_t n) { return finite_t(x, stride, n, 0x7C00u); }
 static bool n_finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n) { return finite_t(x, stride, n, 0x7F80u); }
 
+/* Designated: the table grew the 8-bit members (0.6), which are the portable ones here (exact,
+ * so bit for bit what any table gives; the decode kernel reads 8-bit rows in place through
+ * microkernel_neon.c's columns, and these serve the loaders' f32 copies). */
 const sdpa__convert sdpa__convert_neon = {
-    "neon", n_widen_f16, n_widen_bf16, n_narrow_f16, n_narrow_bf16, n_finite_f16, n_finite_bf16,
+    .name = "neon",
+    .widen_f16 = n_widen_f16,
+    .widen_bf16 = n_widen_bf16,
+    .narrow_f16 = n_narrow_f16,
+    .narrow_bf16 = n_narrow_bf16,
+    .finite_f16 = n_finite_f16,
+    .finite_bf16 = n_finite_bf16,
+    SDPA__CONVERT_8BIT_PORTABLE,
 };
