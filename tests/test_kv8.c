@@ -465,6 +465,18 @@ static void store_free(store *s) {
 
 static bool is_fp8(int dt) { return dt == SDPA_DTYPE_FP8_E4M3 || dt == SDPA_DTYPE_FP8_E5M2; }
 
+/* max |x[i]| (the stores hold no NaN). Not an fmax loop: gcc 12 for aarch64 stops with an
+ * internal compiler error (vect_transform_reduction) vectorising an fmax reduction of widened
+ * floats at -O2 (as in test_serving.c); a compare-and-select reduction compiles everywhere. */
+static double max_abs(const float *x, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double a = fabs((double)x[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
 /* The float64 reference on the dequantized values (dense views). */
 static void reference(const float *q, int64_t L, const store *k, const store *v, const int64_t *klen, double *out) {
     const size_t nq = (size_t)B * HQ * L * E, nk = (size_t)B * HKV * S * E, nv = (size_t)B * HKV * S * EV;
@@ -578,9 +590,7 @@ static void kv8_attention_matches_dequantized_f32(void **state) {
             for (int li = 0; li < 2; ++li) {
                 const int64_t L = Ls[li];
                 reference(q, L, &k, &v, klen, ref);
-                double vmax = 0.0;
-                for (int64_t i = 0; i < B * HKV * S * EV; ++i)
-                    vmax = fmax(vmax, fabs((double)v.deq[i]));
+                const double vmax = max_abs(v.deq, (int64_t)B * HKV * S * EV);
                 for (int isa = SDPA__ISA_PORTABLE; isa < SDPA__ISA_COUNT; ++isa) {
                     if (!sdpa__cpu_has_isa(isa))
                         continue;
@@ -905,9 +915,7 @@ static void kv8_reduced_q8_0_int8_scores_within_bound(void **state) {
                 q[i] = frand() * (L == 3 && i % 7 == 0 ? 8.0f : 1.0f); /* L = 3: outliers, as activations have */
             double *ref = malloc(sizeof(double) * B * HQ * L * EV);
             reference(q, L, &k, &v, klen, ref);
-            double vmax = 0.0;
-            for (int64_t i = 0; i < B * HKV * S * EV; ++i)
-                vmax = fmax(vmax, fabs((double)v.deq[i]));
+            const double vmax = max_abs(v.deq, (int64_t)B * HKV * S * EV);
             result *rr = malloc(sizeof *rr), *rd = malloc(sizeof *rd);
             for (int isa = SDPA__ISA_PORTABLE; isa < SDPA__ISA_COUNT; ++isa) {
                 if (!sdpa__cpu_has_isa(isa))
