@@ -122,7 +122,7 @@ extern const sdpa__mk_kv sdpa__mk_kv_avx512[SDPA__KV_DTYPES]; /* -mavx512f -mavx
 extern const sdpa__mk_kv sdpa__mk_kv_q8_0_avx512vnni;
 #endif
 #if defined(SDPA_HAVE_NEON)
-extern const sdpa__mk_kv sdpa__mk_kv_neon[3]; /* aarch64 Advanced SIMD (baseline of armv8-a) */
+extern const sdpa__mk_kv sdpa__mk_kv_neon[SDPA__KV_DTYPES]; /* aarch64 Advanced SIMD (baseline of armv8-a) */
 #endif
 
 extern const sdpa__mk sdpa__mk_portable;

@@ -14,8 +14,12 @@
  * bound holds (tests/test_kernels.c, test_dtypes_kernels.c).
  *
  * K/V rows as stored: f32 by LDR, f16 widened in the register by FCVTL / FCVTL2 (exact), bf16
- * by SHLL #16; the products and sums then run as for f32, in the same order, so the stored-K/V
- * column of each dtype equals, bit for bit, the f32 member on the widened rows (microkernel.h). */
+ * by SHLL #16; 0.6: q8_0 by SXTL + SCVTF and one FMUL by the block's d (ggml's d * q), FP8 E5M2
+ * as the top byte of a binary16 (USHLL #8, FCVTL), E4M3FN moved into a binary16 (exponent bias
+ * 15 for 7: FCVTL then times 2^8, exact; NaN s.1111.111 made the binary16 quiet NaN first, which
+ * FCVTL and FMUL keep: convert.h's 0x7FC00000 with the sign). The products and sums then run as
+ * for f32, in the same order, so the stored-K/V column of each dtype equals, bit for bit, the f32
+ * member on the widened rows (microkernel.h). */
 #include "microkernel.h"
 
 #include <arm_neon.h>
@@ -217,11 +221,78 @@ static void n_lanes_softmax(float *t, int64_t n, int64_t nl, int64_t ld, float *
 /* ----------------------------------------------------------------- rows */
 
 /* The rows kernels read K/V rows as stored; DT is the row's sdpa_dtype (a constant in each
- * instantiation), strides in elements. */
-AI ptrdiff_t esize(const int DT) { return DT == SDPA_DTYPE_F32 ? 4 : 2; }
-AI const void *at(const int DT, const void *base, ptrdiff_t off) { return (const char *)base + off * esize(DT); }
-/* Eight elements at p, widened: lo = elements 0..3, hi = 4..7. */
-AI void ld8(const int DT, const void *p, float32x4_t *lo, float32x4_t *hi) {
+ * instantiation). Row offsets (strides) count the view's unit: elements, or q8_0 blocks of 34
+ * bytes. The loaders take (row base, row offset, element e): for f32 / f16 / bf16 / FP8 that is
+ * the element at row offset + e (the address expressions of the code before the 8-bit dtypes:
+ * the f32 / f16 / bf16 loops compile to the same instructions); for q8_0 element e of the row,
+ * in block e / 32 (e, and every count of
+ * elements, a multiple of 8 there: ne and nev are multiples of 32, so the e tails are dead code
+ * for q8_0 but are compiled for it). */
+AI ptrdiff_t unit(const int DT) {
+    return DT == SDPA_DTYPE_F32    ? 4
+           : DT == SDPA_DTYPE_Q8_0 ? SDPA__Q8_0_BYTES
+           : DT >= SDPA_DTYPE_FP8_E4M3 ? 1
+                                       : 2;
+}
+AI const void *at(const int DT, const void *base, ptrdiff_t off) { return (const char *)base + off * unit(DT); }
+AI bool is_fp8(const int DT) { return DT == SDPA_DTYPE_FP8_E4M3 || DT == SDPA_DTYPE_FP8_E5M2; }
+/* q8_0: the block of element e of the row at base + roff blocks (the row's address apart: it
+ * stays in a register across e), and e's int8 within it. */
+AI const char *q8blk(const void *base, ptrdiff_t roff, ptrdiff_t e) {
+    return (const char *)base + roff * SDPA__Q8_0_BYTES + (e >> 5) * SDPA__Q8_0_BYTES;
+}
+AI const int8_t *q8qs(const char *blk, ptrdiff_t e) { return (const int8_t *)(const void *)(blk + 2 + (e & 31)); }
+/* The block's d, widened exactly by FCVT (a NaN quiet with its payload, as sdpa__q8_0_d). */
+AI float q8d(const char *blk) {
+    __fp16 h;
+    memcpy(&h, blk, sizeof h);
+    return (float)h;
+}
+/* 8 int8 at p times d: lo = elements 0..3, hi = 4..7 (ggml's (float)q * d, one FMUL). */
+AI void q8x4x2(int16x8_t q, float d, float32x4_t *lo, float32x4_t *hi) {
+    *lo = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(q))), d);
+    *hi = vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(q)), d);
+}
+AI void q8x8(const int8_t *p, float d, float32x4_t *lo, float32x4_t *hi) { q8x4x2(vmovl_s8(vld1_s8(p)), d, lo, hi); }
+/* The 32 int8 of a block (at p) times d, in k[0..7]. */
+AI void q8x32(const int8_t *p, float d, float32x4_t *k) {
+    const int8x16_t b0 = vld1q_s8(p), b1 = vld1q_s8(p + 16);
+    q8x4x2(vmovl_s8(vget_low_s8(b0)), d, &k[0], &k[1]);
+    q8x4x2(vmovl_high_s8(b0), d, &k[2], &k[3]);
+    q8x4x2(vmovl_s8(vget_low_s8(b1)), d, &k[4], &k[5]);
+    q8x4x2(vmovl_high_s8(b1), d, &k[6], &k[7]);
+}
+/* 8 FP8 bytes as binary16 encodings whose FCVTL is the value (E4M3: times 2^8 after it). */
+AI uint16x8_t fp8_h(const int DT, uint8x8_t b) {
+    if (DT == SDPA_DTYPE_FP8_E5M2)
+        return vshll_n_u8(b, 8);
+    const uint8x8_t mag = vand_u8(b, vdup_n_u8(0x7F));
+    const uint16x8_t nan = vreinterpretq_u16_s16(vmovl_s8(vreinterpret_s8_u8(vceq_u8(mag, vdup_n_u8(0x7F)))));
+    const uint16x8_t m = vbslq_u16(nan, vdupq_n_u16(0x7E00), vshll_n_u8(mag, 7));
+    return vbslq_u16(vdupq_n_u16(0x8000), vshll_n_u8(b, 8), m); /* sign from the byte's bit 7 */
+}
+AI float32x4_t fp8_f(const int DT, float16x4_t h) {
+    const float32x4_t f = vcvt_f32_f16(h);
+    return DT == SDPA_DTYPE_FP8_E4M3 ? vmulq_n_f32(f, 256.0f) : f;
+}
+AI float32x4_t fp8_f_high(const int DT, float16x8_t h) {
+    const float32x4_t f = vcvt_high_f32_f16(h);
+    return DT == SDPA_DTYPE_FP8_E4M3 ? vmulq_n_f32(f, 256.0f) : f;
+}
+/* Eight elements widened: lo = elements 0..3, hi = 4..7. */
+AI void ld8(const int DT, const void *base, ptrdiff_t roff, ptrdiff_t e, float32x4_t *lo, float32x4_t *hi) {
+    if (DT == SDPA_DTYPE_Q8_0) {
+        const char *blk = q8blk(base, roff, e);
+        q8x8(q8qs(blk, e), q8d(blk), lo, hi);
+        return;
+    }
+    const void *p = at(DT, base, roff + e);
+    if (is_fp8(DT)) {
+        const float16x8_t h = vreinterpretq_f16_u16(fp8_h(DT, vld1_u8((const uint8_t *)p)));
+        *lo = fp8_f(DT, vget_low_f16(h));
+        *hi = fp8_f_high(DT, h);
+        return;
+    }
     if (DT == SDPA_DTYPE_F32) {
         *lo = vld1q_f32((const float *)p);
         *hi = vld1q_f32((const float *)p + 4);
@@ -237,8 +308,19 @@ AI void ld8(const int DT, const void *p, float32x4_t *lo, float32x4_t *hi) {
         *hi = vreinterpretq_f32_u32(vshll_high_n_u16(h, 16));
     }
 }
-/* Four elements at p, widened. */
-AI float32x4_t ld4(const int DT, const void *p) {
+/* Four elements widened (8-bit rows: exactly 4 bytes read). */
+AI float32x4_t ld4(const int DT, const void *base, ptrdiff_t roff, ptrdiff_t e) {
+    if (DT == SDPA_DTYPE_Q8_0 || is_fp8(DT)) {
+        const char *blk = DT == SDPA_DTYPE_Q8_0 ? q8blk(base, roff, e) : NULL;
+        const void *p = DT == SDPA_DTYPE_Q8_0 ? (const void *)q8qs(blk, e) : at(DT, base, roff + e);
+        uint32_t w;
+        memcpy(&w, p, sizeof w);
+        const uint8x8_t b = vreinterpret_u8_u32(vdup_n_u32(w));
+        if (DT == SDPA_DTYPE_Q8_0)
+            return vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(b))))), q8d(blk));
+        return fp8_f(DT, vget_low_f16(vreinterpretq_f16_u16(fp8_h(DT, b))));
+    }
+    const void *p = at(DT, base, roff + e);
     if (DT == SDPA_DTYPE_F32)
         return vld1q_f32((const float *)p);
     const uint16x4_t h = vld1_u16((const uint16_t *)p);
@@ -246,7 +328,16 @@ AI float32x4_t ld4(const int DT, const void *p) {
         return vcvt_f32_f16(vreinterpret_f16_u16(h));
     return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
 }
-AI float ld1(const int DT, const void *p) {
+AI float ld1(const int DT, const void *base, ptrdiff_t roff, ptrdiff_t e) {
+    if (DT == SDPA_DTYPE_Q8_0) {
+        const char *blk = q8blk(base, roff, e);
+        return (float)*q8qs(blk, e) * q8d(blk);
+    }
+    const void *p = at(DT, base, roff + e);
+    if (DT == SDPA_DTYPE_FP8_E4M3)
+        return sdpa__e4m3_to_f32(*(const uint8_t *)p);
+    if (DT == SDPA_DTYPE_FP8_E5M2)
+        return sdpa__e5m2_to_f32(*(const uint8_t *)p);
     if (DT == SDPA_DTYPE_F32)
         return *(const float *)p;
     uint16_t h;
@@ -256,7 +347,9 @@ AI float ld1(const int DT, const void *p) {
 }
 
 /* Scores of 8 keys per step: one accumulator per key (8 independent FMA chains), e in steps of
- * 8 (two vectors of q); the 8 sums by pairwise adds (FADDP), then the e tail. */
+ * 8 (two vectors of q); the 8 sums by pairwise adds (FADDP), then the e tail. q8_0: a block (32
+ * elements, 8 vectors of q) per step, a key's whole block at a time (its d widened once): each
+ * accumulator takes the same products in the same order as on the f32 rows. */
 AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrdiff_t ks, int64_t n, float *s) {
     const int64_t ev = ne & ~(int64_t)7;
     int64_t t = 0;
@@ -266,14 +359,35 @@ AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrd
 #pragma GCC unroll 8
         for (int u = 0; u < 8; ++u)
             a[u] = vdupq_n_f32(0.0f);
-        for (int64_t e = 0; e < ev; e += 8) {
-            const float32x4_t q0 = vld1q_f32(q + e), q1 = vld1q_f32(q + e + 4);
+        if (DT == SDPA_DTYPE_Q8_0) {
+            for (int64_t e = 0; e < ev; e += 32) {
+                float32x4_t qv[8];
 #pragma GCC unroll 8
-            for (int u = 0; u < 8; ++u) {
-                float32x4_t k0, k1;
-                ld8(DT, at(DT, kr, u * ks + e), &k0, &k1);
-                a[u] = vfmaq_f32(a[u], q0, k0);
-                a[u] = vfmaq_f32(a[u], q1, k1);
+                for (int c = 0; c < 8; ++c)
+                    qv[c] = vld1q_f32(q + e + 4 * c);
+#pragma GCC unroll 8
+                for (int u = 0; u < 8; ++u) {
+                    const char *blk = q8blk(kr, u * ks, e);
+                    float32x4_t kv[8];
+                    q8x32(q8qs(blk, 0), q8d(blk), kv);
+#pragma GCC unroll 8
+                    for (int c = 0; c < 8; ++c)
+                        a[u] = vfmaq_f32(a[u], qv[c], kv[c]);
+                    /* one key's block at a time: without this fence GCC 12 hoists the next keys'
+                     * loads and conversions over it and spills vectors to the stack */
+                    __asm__ volatile("" ::: "memory");
+                }
+            }
+        } else {
+            for (int64_t e = 0; e < ev; e += 8) {
+                const float32x4_t q0 = vld1q_f32(q + e), q1 = vld1q_f32(q + e + 4);
+#pragma GCC unroll 8
+                for (int u = 0; u < 8; ++u) {
+                    float32x4_t k0, k1;
+                    ld8(DT, kr, u * ks, e, &k0, &k1);
+                    a[u] = vfmaq_f32(a[u], q0, k0);
+                    a[u] = vfmaq_f32(a[u], q1, k1);
+                }
             }
         }
         const float32x4_t p01 = vpaddq_f32(a[0], a[1]), p23 = vpaddq_f32(a[2], a[3]);
@@ -284,7 +398,7 @@ AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrd
             for (int u = 0; u < 8; ++u) {
                 float x = 0.0f;
                 for (int64_t e = ev; e < ne; ++e)
-                    x += q[e] * ld1(DT, at(DT, kr, u * ks + e));
+                    x += q[e] * ld1(DT, kr, u * ks, e);
                 tail[u] = x;
             }
             s0 = vaddq_f32(s0, vld1q_f32(tail));
@@ -298,13 +412,13 @@ AI void dot_rows_t(const int DT, const float *q, int64_t ne, const void *k, ptrd
         float32x4_t a = vdupq_n_f32(0.0f);
         for (int64_t e = 0; e < ev; e += 8) {
             float32x4_t k0, k1;
-            ld8(DT, at(DT, kr, e), &k0, &k1);
+            ld8(DT, kr, 0, e, &k0, &k1);
             a = vfmaq_f32(a, vld1q_f32(q + e), k0);
             a = vfmaq_f32(a, vld1q_f32(q + e + 4), k1);
         }
         float x = vaddvq_f32(a), tail = 0.0f;
         for (int64_t e = ev; e < ne; ++e)
-            tail += q[e] * ld1(DT, at(DT, kr, e));
+            tail += q[e] * ld1(DT, kr, 0, e);
         s[t] = x + tail;
     }
 }
@@ -366,7 +480,9 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
             a[u] = vmulq_n_f32(vld1q_f32(o + d + 4 * u), alpha);
         for (int64_t t = 0; t < cnt; ++t) {
             const float w = p[idx[t]];
-            const char *vr = (const char *)at(DT, v, (ptrdiff_t)idx[t] * vs + d);
+            /* q8_0: the block of element d (d a multiple of 32: one block per pass) */
+            const char *vr = DT == SDPA_DTYPE_Q8_0 ? q8blk(v, (ptrdiff_t)idx[t] * vs, d)
+                                                   : (const char *)at(DT, v, (ptrdiff_t)idx[t] * vs + d);
             /* the row's address in a register of its own: its loads then take base + immediate
              * addressing and pair into LDP (GCC otherwise folds the row offset into each load's
              * register-offset form and adds an address register per vector: 29 instructions
@@ -376,7 +492,7 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
 #pragma GCC unroll 4
             for (int u = 0; u < 4; ++u) {
                 float32x4_t v0, v1;
-                ld8(DT, at(DT, vr, 8 * u), &v0, &v1);
+                ld8(DT, vr, 0, 8 * u, &v0, &v1);
                 a[2 * u] = vfmaq_n_f32(a[2 * u], v0, w);
                 a[2 * u + 1] = vfmaq_n_f32(a[2 * u + 1], v1, w);
             }
@@ -388,13 +504,13 @@ AI void axpy_rows_t(const int DT, float *o, int64_t nev, float alpha, const floa
     for (; d + 4 <= nev; d += 4) {
         float32x4_t a0 = vmulq_n_f32(vld1q_f32(o + d), alpha);
         for (int64_t t = 0; t < cnt; ++t)
-            a0 = vfmaq_n_f32(a0, ld4(DT, at(DT, v, (ptrdiff_t)idx[t] * vs + d)), p[idx[t]]);
+            a0 = vfmaq_n_f32(a0, ld4(DT, v, (ptrdiff_t)idx[t] * vs, d), p[idx[t]]);
         vst1q_f32(o + d, a0);
     }
     for (; d < nev; ++d) {
         float x = alpha * o[d];
         for (int64_t t = 0; t < cnt; ++t)
-            x = fmaf(p[idx[t]], ld1(DT, at(DT, v, (ptrdiff_t)idx[t] * vs + d)), x);
+            x = fmaf(p[idx[t]], ld1(DT, v, (ptrdiff_t)idx[t] * vs, d), x);
         o[d] = x;
     }
 }
@@ -418,11 +534,17 @@ static void n_axpy_rows(float *o, int64_t nev, float alpha, const float *p, cons
 N_ROWS(f32, SDPA_DTYPE_F32)
 N_ROWS(f16, SDPA_DTYPE_F16)
 N_ROWS(bf16, SDPA_DTYPE_BF16)
+N_ROWS(q8_0, SDPA_DTYPE_Q8_0)
+N_ROWS(e4m3, SDPA_DTYPE_FP8_E4M3)
+N_ROWS(e5m2, SDPA_DTYPE_FP8_E5M2)
 
-const sdpa__mk_kv sdpa__mk_kv_neon[3] = {
+const sdpa__mk_kv sdpa__mk_kv_neon[SDPA__KV_DTYPES] = {
     [SDPA_DTYPE_F32] = {n_dot_rows_f32, n_axpy_rows_f32, NULL, NULL},
     [SDPA_DTYPE_F16] = {n_dot_rows_f16, n_axpy_rows_f16, NULL, NULL},
     [SDPA_DTYPE_BF16] = {n_dot_rows_bf16, n_axpy_rows_bf16, NULL, NULL},
+    [SDPA_DTYPE_Q8_0] = {n_dot_rows_q8_0, n_axpy_rows_q8_0, NULL, NULL},
+    [SDPA_DTYPE_FP8_E4M3] = {n_dot_rows_e4m3, n_axpy_rows_e4m3, NULL, NULL},
+    [SDPA_DTYPE_FP8_E5M2] = {n_dot_rows_e5m2, n_axpy_rows_e5m2, NULL, NULL},
 };
 
 static bool n_all_finite(const float *x, int64_t n) {
