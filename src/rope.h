@@ -26,7 +26,12 @@ typedef struct sdpa__rope {
 sdpa_status sdpa__rope_prepare(const char *fn, const sdpa_rope_params *params, int64_t E, int64_t T,
                                const int64_t *positions, sdpa__rope *r, double *inv_freq);
 
-/* Rotate x[0..E) (float32, in place) for position pos, as documented at sdpa_rope_params. */
-void sdpa__rope_row(const sdpa__rope *r, int64_t pos, float *x);
+/* cos_p[i], sin_p[i] for i < rotary_dim / 2 at position pos (the tables' row, or the theta
+ * formula): computed once per row position and shared by every head of the row. */
+void sdpa__rope_angles(const sdpa__rope *r, int64_t pos, float *cos_p, float *sin_p);
+
+/* Rotate x[0..rotary_dim) (float32, in place) with one position's cos_p / sin_p, as documented
+ * at sdpa_rope_params; the elements past rotary_dim are untouched. */
+void sdpa__rope_apply(const sdpa__rope *r, const float *cos_p, const float *sin_p, float *x);
 
 #endif
