@@ -375,6 +375,34 @@ static void test_errors_leave_out_untouched(void **state) {
     free_tables(&tb6);
 }
 
+/* A row wider than the library's float32 chunk (E = 2200): only the first rotary_dim elements
+ * rotate, the rest of every chunk is copied exactly. */
+static void test_wide_row(void **state) {
+    (void)state;
+    enum { E = 2200, RD = 64 };
+    tables tb = make_tables(8, RD, 10000.0);
+    static float x[2 * E], out[2 * E];
+    float ref[E];
+    for (int i = 0; i < 2 * E; ++i) x[i] = frand();
+    sdpa_tensor vx, vo;
+    assert_int_equal(sdpa_tensor_init(&vx, x, 3, (int64_t[]){2, 1, E}), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&vo, out, 3, (int64_t[]){2, 1, E}), SDPA_OK);
+    sdpa_rope_params rp;
+    sdpa_rope_params_init(&rp);
+    rp.rotary_dim = RD;
+    rp.cos = &tb.tc;
+    rp.sin = &tb.ts;
+    const int64_t pos[2] = {3, 7};
+    assert_int_equal(sdpa_rope(&vx, &vo, pos, &rp), SDPA_OK);
+    for (int t = 0; t < 2; ++t) {
+        ref_hf(x + t * E, E, RD, tb.cos + pos[t] * tb.half, tb.sin + pos[t] * tb.half, ref);
+        for (int e = 0; e < E; ++e)
+            if (f2u(out[t * E + e]) != f2u(ref[e]))
+                fail_msg("t %d e %d: %.9g != %.9g", t, e, (double)out[t * E + e], (double)ref[e]);
+    }
+    free_tables(&tb);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conventions_bit_exact),
@@ -382,6 +410,7 @@ int main(void) {
         cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_strided_and_in_place),
         cmocka_unit_test(test_errors_leave_out_untouched),
+        cmocka_unit_test(test_wide_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
