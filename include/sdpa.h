@@ -1092,14 +1092,21 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, 
  * (each product rounded, then one add: no fused multiply-add) and narrowed to the output dtype with
  * round-to-nearest-even. cos(p, i) / sin(p, i) are the tables' [p, i] entries (float32 views
  * [max_pos, rotary_dim / 2], any strides, as HF's and FlashAttention's cos/sin caches; only the
- * rows a call uses are read, and they must be finite), or, when both tables are NULL, HF's
- * float32 recipe: inv_freq[i] = 1 / theta^(float32(2i) / rotary_dim) in float32, angle =
- * float32(p) * inv_freq[i] in float32, and cos / sin of that angle correctly rounded (PyTorch's
- * float32 cos / sin may differ by an ulp). The float32 angle carries HF's error, up to about
- * p * inv_freq * 2^-23 radians; for long contexts pass tables computed in double. With tables
- * the result equals, bit for bit, PyTorch's float32 evaluation of FlashAttention's
- * `apply_rotary_emb` / HF transformers' `apply_rotary_pos_emb` on the same tables (their
- * semantics; tests/test_rope.c, tests/python/test_rope.py).
+ * rows a call uses are read, and they must be finite), or, when both tables are NULL, HF's and
+ * vLLM's float32 recipe (`inv_freq = 1.0 / (base ** (arange(0, dim, 2).float() / dim))`,
+ * `freqs = float32(t) * inv_freq`, `cos = freqs.cos()`), evaluated as: b = float32(theta);
+ * inv_freq[i] = 1.0f / float32(pow(b, float32(2i) / float32(rotary_dim))) (pow in double, rounded
+ * once to float32; float32 divisions); angle = float32(p) * inv_freq[i] in float32; cos(p, i) /
+ * sin(p, i) = cos / sin of that float32 angle computed in double and rounded once to float32.
+ * PyTorch's own float32 pow and cos / sin are not correctly rounded (SLEEF, 1 ulp), so against
+ * torch 1.13.1 the recipe's inv_freq differs in 0-3 of rotary_dim / 2 entries by 1-2 ulp (bases
+ * 1e4 .. 5e6, dims 64 .. 256) and cos / sin by 1 ulp in about 5% of the entries: within about
+ * 1e-6 absolute of HF's cos / sin up to p = 32767 (tests/python/test_rope.py), not bit for bit.
+ * The float32 angle itself carries HF's error, up to about p * inv_freq * 2^-23 radians against
+ * the exact rotation; for long contexts pass tables computed in double. With tables the result
+ * equals, bit for bit, PyTorch's float32 evaluation of FlashAttention's `apply_rotary_emb` / HF
+ * transformers' `apply_rotary_pos_emb` on the same tables (their semantics; tests/test_rope.c,
+ * tests/python/test_rope.py).
  */
 typedef struct sdpa_rope_params {
     size_t struct_size;      /**< sizeof(sdpa_rope_params) as compiled by the caller */
@@ -1108,7 +1115,7 @@ typedef struct sdpa_rope_params {
     int32_t reserved0;       /**< must be 0 */
     const sdpa_tensor *cos;  /**< float32 [max_pos, rotary_dim / 2] or NULL (then sin NULL too: theta) */
     const sdpa_tensor *sin;  /**< float32 [max_pos, rotary_dim / 2] or NULL */
-    double theta;            /**< base when the tables are NULL: 0 (default) = 10000; finite, > 0 */
+    double theta;            /**< base when the tables are NULL: 0 (default) = 10000; > 0 and finite once rounded to float32 (as PyTorch rounds it) */
 } sdpa_rope_params;
 
 /** Fill the first struct_size bytes of *params with the defaults (all zero) and set struct_size. */

@@ -1,13 +1,14 @@
 /* Rotary position embedding (0.6): the one rotation (sdpa__rope_prepare / _angles / _apply,
  * src/rope.h) that sdpa_rope() below and sdpa_kv_write_ex() (kv_write.c) both use.
  *
- * Arithmetic is float32, each product rounded on its own: the library is built as ISO C11
- * (meson c_std=c11), for which GCC does not contract a * b + c into an FMA
- * (-ffp-contract=off is the ISO default), so the bits equal those of PyTorch's elementwise
- * x * cos + rotate_half(x) * sin on CPU. */
+ * Arithmetic is float32, each product rounded on its own, then one add: meson.build compiles
+ * this file with -ffp-contract=off (GCC's default under -std=c11 too, but not under gnu11, where
+ * it fuses across statements on FMA targets; #pragma STDC FP_CONTRACT is unknown to GCC), so the
+ * bits equal those of PyTorch's elementwise x * cos + rotate_half(x) * sin on CPU. */
 #include "rope.h"
 #include "convert.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -73,14 +74,18 @@ sdpa_status sdpa__rope_prepare(const char *fn, const sdpa_rope_params *params, i
         r->scol = (ptrdiff_t)p.sin->strides[1];
         r->max_pos = p.cos->shape[0];
     } else {
-        const double theta = p.theta == 0.0 ? 10000.0 : p.theta;
-        if (!(theta > 0.0) || isinf(theta))
-            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT, "%s: rope->theta=%g must be finite and > 0 (0 = 10000)", fn,
-                              p.theta);
-        /* HF's inv_freq = 1 / base ** (arange(0, dim, 2).float() / dim), in float32 */
+        /* PyTorch promotes the Python base of `base ** tensor` to the tensor's float32 */
+        const double td = p.theta == 0.0 ? 10000.0 : p.theta;
+        if (!(td > 0.0) || !(td <= (double)FLT_MAX) || (float)td == 0.0f)
+            return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
+                              "%s: rope->theta=%g must be > 0 and finite in float32 (0 = 10000)", fn, p.theta);
+        const float theta = (float)td;
+        /* HF's inv_freq = 1 / base ** (arange(0, dim, 2).float() / dim), in float32: the
+         * exponent a float32 division, the power correctly rounded to float32 (double pow, then
+         * one rounding), the reciprocal a float32 division */
         for (int64_t i = 0; i < half; ++i) {
             const float ex = (float)(2 * i) / (float)rd;
-            inv_freq[i] = (double)(1.0f / (float)pow(theta, (double)ex));
+            inv_freq[i] = (double)(1.0f / (float)pow((double)theta, (double)ex));
         }
         r->inv_freq = inv_freq;
         r->max_pos = INT64_MAX;
@@ -118,7 +123,8 @@ void sdpa__rope_angles(const sdpa__rope *r, int64_t pos, float *cos_p, float *si
         return;
     }
     /* HF: freqs = float32(t) * inv_freq (float32), then cos / sin of that float32 angle (here
-     * in double, then rounded: correctly rounded; PyTorch's float32 cos may differ by an ulp) */
+     * in double, then rounded once to float32; PyTorch's float32 cos / sin differ by an ulp on
+     * about 5% of the entries) */
     const float fp = (float)pos;
     for (int64_t i = 0; i < half; ++i) {
         const float a = fp * (float)r->inv_freq[i];
