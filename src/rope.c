@@ -88,7 +88,7 @@ sdpa_status sdpa__rope_prepare(const char *fn, const sdpa_rope_params *params, i
             inv_freq[i] = (double)(1.0f / (float)pow((double)theta, (double)ex));
         }
         r->inv_freq = inv_freq;
-        r->max_pos = INT64_MAX;
+        r->max_pos = 0; /* unbounded: any p >= 0 */
     }
     if (T > 0 && positions == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: positions is NULL", fn);
@@ -96,10 +96,12 @@ sdpa_status sdpa__rope_prepare(const char *fn, const sdpa_rope_params *params, i
         SDPA__TRY(sdpa__check_aligned(fn, "positions", positions, sizeof(int64_t)));
     for (int64_t t = 0; t < T; ++t) {
         const int64_t pos = positions[t];
-        if (pos < 0 || pos >= r->max_pos)
-            return sdpa__fail(SDPA_ERR_INDEX, "%s: positions[%lld]=%lld is outside [0, %lld)%s", fn, (long long)t,
-                              (long long)pos, (long long)(r->cos != NULL ? r->max_pos : INT64_MAX),
-                              r->cos != NULL ? " (the rows of rope->cos / rope->sin)" : "");
+        if (pos < 0 && r->cos == NULL)
+            return sdpa__fail(SDPA_ERR_INDEX, "%s: positions[%lld]=%lld is negative", fn, (long long)t, (long long)pos);
+        if (r->cos != NULL && (pos < 0 || pos >= r->max_pos))
+            return sdpa__fail(SDPA_ERR_INDEX,
+                              "%s: positions[%lld]=%lld is outside [0, %lld) (the rows of rope->cos / rope->sin)", fn,
+                              (long long)t, (long long)pos, (long long)r->max_pos);
         if (r->cos != NULL) { /* the table rows this call reads must be finite */
             float c[SDPA__ROPE_MAX_HALF], s[SDPA__ROPE_MAX_HALF];
             sdpa__rope_angles(r, pos, c, s);

@@ -177,6 +177,73 @@ static void test_theta_against_float64(void **state) {
         }
 }
 
+/* theta: the recipe the header defines, computed here step by step, bit for bit: b =
+ * float32(theta), inv = 1.0f / float32(pow(b, float32(2i) / float32(rd))), angle = float32(p) *
+ * inv in float32, cos / sin in double rounded once. Rows e_i (1 at a, 0 at b) give the
+ * (cos, sin) pair exactly (1 * c - 0 * s = c, 0 * c + 1 * s = s). */
+static float recipe_angle(double theta, int64_t rd, int64_t i, int64_t p) {
+    const float b = (float)theta, ex = (float)(2 * i) / (float)rd;
+    const float pw = (float)pow((double)b, (double)ex);
+    const float inv = 1.0f / pw;
+    const float fp = (float)p;
+    const float ang = fp * inv;
+    return ang;
+}
+static void test_theta_recipe_bit_exact(void **state) {
+    (void)state;
+    enum { RD = 96, E = 100, H = RD / 2 };
+    const double thetas[] = {0.0, 500000.0, 1e6, 10000.5};
+    const int64_t pos[] = {0, 1, 2, 100, 4095, 100000, 16777217, 123456789};
+    enum { T = sizeof pos / sizeof pos[0] };
+    static float x[T * H * E], out[T * H * E];
+    for (int conv = 0; conv < 2; ++conv)
+        for (size_t k = 0; k < sizeof thetas / sizeof thetas[0]; ++k) {
+            memset(x, 0, sizeof x);
+            for (int64_t t = 0; t < T; ++t)
+                for (int64_t i = 0; i < H; ++i) {
+                    x[(t * H + i) * E + (conv ? 2 * i : i)] = 1.0f;
+                    x[(t * H + i) * E + RD + (i % (E - RD))] = (float)(i + 1); /* tail: copied */
+                }
+            sdpa_tensor vx, vo;
+            assert_int_equal(sdpa_tensor_init(&vx, x, 3, (int64_t[]){T, H, E}), SDPA_OK);
+            assert_int_equal(sdpa_tensor_init(&vo, out, 3, (int64_t[]){T, H, E}), SDPA_OK);
+            sdpa_rope_params rp;
+            sdpa_rope_params_init(&rp);
+            rp.rotary_dim = RD;
+            rp.interleaved = conv;
+            rp.theta = thetas[k];
+            assert_int_equal(sdpa_rope(&vx, &vo, pos, &rp), SDPA_OK);
+            const double th = thetas[k] == 0.0 ? 10000.0 : thetas[k];
+            for (int64_t t = 0; t < T; ++t)
+                for (int64_t i = 0; i < H; ++i) {
+                    const float ang = recipe_angle(th, RD, i, pos[t]);
+                    const float wc = (float)cos((double)ang), ws = (float)sin((double)ang);
+                    const float *o = out + (t * H + i) * E;
+                    const float gc = o[conv ? 2 * i : i], gs = o[conv ? 2 * i + 1 : i + RD / 2];
+                    if (f2u(gc) != f2u(wc) || f2u(gs) != f2u(ws))
+                        fail_msg("conv %d theta %g p %lld i %lld: (%.9g, %.9g) != recipe (%.9g, %.9g)", conv, th,
+                                 (long long)pos[t], (long long)i, (double)gc, (double)gs, (double)wc, (double)ws);
+                    for (int64_t e = RD; e < E; ++e)
+                        assert_true(f2u(o[e]) == f2u(x[(t * H + i) * E + e]));
+                }
+        }
+    /* the base is rounded to float32 first: 10000.0000001 is 10000 */
+    sdpa_rope_params rp;
+    sdpa_rope_params_init(&rp);
+    float y[2 * 8], ya[2 * 8], yb[2 * 8];
+    for (int i = 0; i < 16; ++i) y[i] = frand();
+    sdpa_tensor vy, va, vb;
+    assert_int_equal(sdpa_tensor_init(&vy, y, 3, (int64_t[]){2, 1, 8}), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&va, ya, 3, (int64_t[]){2, 1, 8}), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&vb, yb, 3, (int64_t[]){2, 1, 8}), SDPA_OK);
+    const int64_t p2[2] = {77, 5000};
+    rp.theta = 10000.0000001;
+    assert_int_equal(sdpa_rope(&vy, &va, p2, &rp), SDPA_OK);
+    rp.theta = 0.0;
+    assert_int_equal(sdpa_rope(&vy, &vb, p2, &rp), SDPA_OK);
+    assert_memory_equal(ya, yb, sizeof ya);
+}
+
 /* f16 / bf16 rows in and out: widen exactly, rotate in float32, narrow with RNE. */
 static void test_dtypes(void **state) {
     (void)state;
@@ -330,7 +397,7 @@ static void test_errors_leave_out_untouched(void **state) {
         {"NaN in a used table row", 0, 0, 3, 0, pos, &vo, 0, SDPA_ERR_NON_FINITE},
         {"table width != rotary_dim / 2", 0, 0, 4, 0, pos, &vo, 0, SDPA_ERR_SHAPE},
         {"out shape", 0, 0, 0, 0, pos, &vo_bad, 0, SDPA_ERR_SHAPE},
-        {"out overlaps x", 0, 0, 0, 0, pos, &vo_overlap, 0, SDPA_ERR_SHAPE},
+        {"out narrower (and overlapping x)", 0, 0, 0, 0, pos, &vo_overlap, 0, SDPA_ERR_SHAPE},
         {"struct_size too small", 0, 0, 0, 0, pos, &vo, 4, SDPA_ERR_STRUCT_VERSION},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
@@ -375,6 +442,149 @@ static void test_errors_leave_out_untouched(void **state) {
     free_tables(&tb6);
 }
 
+/* Poison out, call, and check the status, that the message names the entry and needle, and
+ * that out is byte for byte untouched. */
+static void expect_error(const char *what, const sdpa_tensor *x, const sdpa_tensor *out, void *outbuf, size_t outbytes,
+                         const int64_t *pos, const sdpa_rope_params *rp, sdpa_status want, const char *needle) {
+    memset(outbuf, 0xA5, outbytes);
+    const sdpa_status st = sdpa_rope(x, out, pos, rp);
+    const char *msg = sdpa_last_error_message();
+    if (st != want)
+        fail_msg("%s: status %d (%s), want %d", what, (int)st, msg, (int)want);
+    if (want == SDPA_OK) /* the valid neighbour of an error case */
+        return;
+    if (strstr(msg, "sdpa_rope") == NULL || strstr(msg, needle) == NULL)
+        fail_msg("%s: message \"%s\" does not name sdpa_rope and \"%s\"", what, msg, needle);
+    for (size_t i = 0; i < outbytes; ++i)
+        if (((unsigned char *)outbuf)[i] != 0xA5)
+            fail_msg("%s: out byte %zu written before validation", what, i);
+}
+
+/* The errors the table above does not reach: each names its field, out untouched. */
+static void test_more_errors_named(void **state) {
+    (void)state;
+    enum { T = 2, H = 1, E = 8 };
+    tables tb = make_tables(4, E, 10000.0);
+    float x[T * H * E], out[T * H * E];
+    for (int i = 0; i < T * H * E; ++i) x[i] = frand();
+    sdpa_tensor vx, vo;
+    assert_int_equal(sdpa_tensor_init(&vx, x, 3, (int64_t[]){T, H, E}), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&vo, out, 3, (int64_t[]){T, H, E}), SDPA_OK);
+    int64_t pos[2] = {1, 3};
+    sdpa_rope_params rp;
+#define RESET() (sdpa_rope_params_init(&rp), rp.cos = &tb.tc, rp.sin = &tb.ts)
+    RESET();
+    rp.reserved0 = 1;
+    expect_error("reserved0", &vx, &vo, out, sizeof out, pos, &rp, SDPA_ERR_STRUCT_VERSION, "reserved0");
+    /* a struct_size beyond the known layout with a non-zero byte there */
+    struct { sdpa_rope_params p; uint64_t tail; } big;
+    memset(&big, 0, sizeof big);
+    sdpa_rope_params_init_sized(&big.p, sizeof big);
+    big.p.cos = &tb.tc;
+    big.p.sin = &tb.ts;
+    expect_error("zero tail", &vx, &vo, out, sizeof out, pos, &big.p, SDPA_OK, "");
+    big.tail = 1;
+    expect_error("non-zero tail", &vx, &vo, out, sizeof out, pos, &big.p, SDPA_ERR_STRUCT_VERSION, "rope");
+    sdpa_rope_params_init(&rp);
+    rp.theta = NAN;
+    expect_error("NaN theta", &vx, &vo, out, sizeof out, pos, &rp, SDPA_ERR_INVALID_ARGUMENT, "theta");
+    rp.theta = 1e39; /* finite in double, infinite in float32 */
+    expect_error("theta beyond float32", &vx, &vo, out, sizeof out, pos, &rp, SDPA_ERR_INVALID_ARGUMENT, "theta");
+    rp.theta = 1e-50; /* zero in float32 */
+    expect_error("theta zero in float32", &vx, &vo, out, sizeof out, pos, &rp, SDPA_ERR_INVALID_ARGUMENT, "theta");
+    /* with theta any position >= 0 is valid, a negative one names its row */
+    int64_t far[2] = {INT64_MAX, 0}, neg[2] = {0, -5};
+    rp.theta = 0.0;
+    expect_error("INT64_MAX with theta", &vx, &vo, out, sizeof out, far, &rp, SDPA_OK, "");
+    expect_error("negative with theta", &vx, &vo, out, sizeof out, neg, &rp, SDPA_ERR_INDEX, "positions[1]=-5");
+    /* positions outside the tables name the row and the bound */
+    RESET();
+    int64_t big_pos[2] = {0, 4};
+    expect_error("position == max_pos", &vx, &vo, out, sizeof out, big_pos, &rp, SDPA_ERR_INDEX, "positions[1]=4");
+    /* tables: dtype, rank, rows */
+    uint16_t c16[4 * 4] = {0};
+    sdpa_tensor t16, t1, t3rows;
+    assert_int_equal(sdpa_tensor_init_dtype(&t16, c16, SDPA_DTYPE_F16, 2, (int64_t[]){4, 4}), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&t1, tb.cos, 1, (int64_t[]){16}), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&t3rows, tb.sin, 2, (int64_t[]){3, 4}), SDPA_OK);
+    RESET();
+    rp.cos = &t16;
+    expect_error("f16 cos table", &vx, &vo, out, sizeof out, pos, &rp, SDPA_ERR_DTYPE, "rope->cos");
+    RESET();
+    rp.sin = &t1;
+    expect_error("rank-1 sin table", &vx, &vo, out, sizeof out, pos, &rp, SDPA_ERR_RANK, "rope->sin");
+    RESET();
+    rp.sin = &t3rows;
+    expect_error("sin rows != cos rows", &vx, &vo, out, sizeof out, pos, &rp, SDPA_ERR_SHAPE, "rope->sin");
+    /* a non-finite entry in a row the call reads: named; in a row it does not read: no error */
+    float inf_sin[4 * 4];
+    memcpy(inf_sin, tb.sin, sizeof inf_sin);
+    inf_sin[1 * 4 + 0] = INFINITY;
+    sdpa_tensor tinf;
+    assert_int_equal(sdpa_tensor_init(&tinf, inf_sin, 2, (int64_t[]){4, 4}), SDPA_OK);
+    RESET();
+    rp.sin = &tinf;
+    expect_error("Inf in sin row 1", &vx, &vo, out, sizeof out, pos, &rp, SDPA_ERR_NON_FINITE, "rope->sin[1, 0]");
+    int64_t pos_skip[2] = {0, 3};
+    expect_error("Inf in an unread row", &vx, &vo, out, sizeof out, pos_skip, &rp, SDPA_OK, "");
+    /* x: rank, dtype; out: a broadcast (stride 0) output */
+    sdpa_tensor vx2, vo0;
+    assert_int_equal(sdpa_tensor_init(&vx2, x, 2, (int64_t[]){T, E}), SDPA_OK);
+    RESET();
+    expect_error("rank-2 x", &vx2, &vo, out, sizeof out, pos, &rp, SDPA_ERR_RANK, "x");
+    assert_int_equal(sdpa_tensor_init_strided(&vo0, out, SDPA_DTYPE_F32, 3, (int64_t[]){T, H, E}, (int64_t[]){0, E, 1}),
+                     SDPA_OK);
+    expect_error("out with stride 0", &vx, &vo0, out, sizeof out, pos, &rp, SDPA_ERR_STRIDE, "out");
+    /* positions misaligned */
+    unsigned char raw[3 * sizeof(int64_t)];
+    memset(raw, 0, sizeof raw);
+    expect_error("misaligned positions", &vx, &vo, out, sizeof out, (const int64_t *)(void *)(raw + 1), &rp,
+                 SDPA_ERR_ALIGNMENT, "positions");
+    /* out overlapping positions (valid ones): out untouched */
+    {
+        int64_t ob[T * H * E / 2]; /* out's bytes, positions {1, 3} at its start */
+        memset(ob, 0xA5, sizeof ob);
+        ob[0] = 1;
+        ob[1] = 3;
+        int64_t ob_before[T * H * E / 2];
+        memcpy(ob_before, ob, sizeof ob);
+        sdpa_tensor vob;
+        assert_int_equal(sdpa_tensor_init_dtype(&vob, (void *)ob, SDPA_DTYPE_F32, 3, (int64_t[]){T, H, E}), SDPA_OK);
+        assert_int_equal(sdpa_rope(&vx, &vob, ob, &rp), SDPA_ERR_OVERLAP);
+        assert_non_null(strstr(sdpa_last_error_message(), "positions"));
+        assert_memory_equal(ob, ob_before, sizeof ob);
+    }
+    /* out overlapping x (same shape, shifted): x untouched too */
+    float xo[T * H * E + 1];
+    for (int i = 0; i < T * H * E + 1; ++i) xo[i] = frand();
+    float xo_before[T * H * E + 1];
+    memcpy(xo_before, xo, sizeof xo);
+    sdpa_tensor vxs, vos;
+    assert_int_equal(sdpa_tensor_init(&vxs, xo, 3, (int64_t[]){T, H, E}), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&vos, xo + 1, 3, (int64_t[]){T, H, E}), SDPA_OK);
+    assert_int_equal(sdpa_rope(&vxs, &vos, pos, &rp), SDPA_ERR_OVERLAP);
+    assert_non_null(strstr(sdpa_last_error_message(), "out"));
+    assert_memory_equal(xo, xo_before, sizeof xo);
+    /* in place with another dtype is an overlap, not in place */
+    sdpa_tensor vxb;
+    assert_int_equal(sdpa_tensor_init_dtype(&vxb, x, SDPA_DTYPE_BF16, 3, (int64_t[]){T, H, E}), SDPA_OK);
+    float x_before[T * H * E];
+    memcpy(x_before, x, sizeof x);
+    assert_int_equal(sdpa_rope(&vx, &vxb, pos, &rp), SDPA_ERR_OVERLAP);
+    assert_memory_equal(x, x_before, sizeof x);
+    /* rotary_dim / 2 above the supported 1024 (E = 2050) */
+    static float wx[2 * 2050], wo[2 * 2050];
+    sdpa_tensor vwx, vwo;
+    assert_int_equal(sdpa_tensor_init(&vwx, wx, 3, (int64_t[]){2, 1, 2050}), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&vwo, wo, 3, (int64_t[]){2, 1, 2050}), SDPA_OK);
+    sdpa_rope_params_init(&rp);
+    expect_error("rotary_dim 2050", &vwx, &vwo, wo, sizeof wo, pos, &rp, SDPA_ERR_SHAPE, "rotary_dim");
+    rp.rotary_dim = 2048;
+    expect_error("rotary_dim 2048 of 2050", &vwx, &vwo, wo, sizeof wo, pos, &rp, SDPA_OK, "");
+#undef RESET
+    free_tables(&tb);
+}
+
 /* A row wider than the library's float32 chunk (E = 2200): only the first rotary_dim elements
  * rotate, the rest of every chunk is copied exactly. */
 static void test_wide_row(void **state) {
@@ -407,9 +617,11 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conventions_bit_exact),
         cmocka_unit_test(test_theta_against_float64),
+        cmocka_unit_test(test_theta_recipe_bit_exact),
         cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_strided_and_in_place),
         cmocka_unit_test(test_errors_leave_out_untouched),
+        cmocka_unit_test(test_more_errors_named),
         cmocka_unit_test(test_wide_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
