@@ -192,7 +192,7 @@ static float recipe_angle(double theta, int64_t rd, int64_t i, int64_t p) {
 static void test_theta_recipe_bit_exact(void **state) {
     (void)state;
     enum { RD = 96, E = 100, H = RD / 2 };
-    const double thetas[] = {0.0, 500000.0, 1e6, 10000.5};
+    const double thetas[] = {0.0, 500000.0, 1e6, 31415.9265}; /* the last is not a float32 (9 of 48 inv_freq differ) */
     const int64_t pos[] = {0, 1, 2, 100, 4095, 100000, 16777217, 123456789};
     enum { T = sizeof pos / sizeof pos[0] };
     static float x[T * H * E], out[T * H * E];

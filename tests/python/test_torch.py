@@ -241,38 +241,5 @@ class FromTorchTest(unittest.TestCase):
             sdpa.MultiheadAttention.from_torch(torch.nn.Linear(2, 2))
 
 
-
-class TorchRopeTest(unittest.TestCase):
-    """sdpa.rope (0.6) against HF transformers' apply_rotary_pos_emb and FlashAttention's
-    apply_rotary_emb_torch evaluated by torch (float32, CPU), with the same cos/sin tables: the
-    same bits."""
-
-    def test_hf_and_flash_attention_formulas(self):
-        g = torch.Generator().manual_seed(31)
-        T, H, E, max_pos = 5, 4, 64, 50
-        inv = 1.0 / (10000.0 ** (torch.arange(0, E, 2, dtype=torch.float64) / E))
-        ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
-        cos, sin = ang.cos().float(), ang.sin().float()
-        x = torch.randn(T, H, E, generator=g)
-        pos = torch.tensor([0, 3, 9, 27, 49])
-
-        def rotate_half(v):  # HF
-            v1, v2 = v[..., : v.shape[-1] // 2], v[..., v.shape[-1] // 2:]
-            return torch.cat((-v2, v1), dim=-1)
-        c = torch.cat((cos[pos], cos[pos]), dim=-1)[:, None, :]
-        s = torch.cat((sin[pos], sin[pos]), dim=-1)[:, None, :]
-        hf = (x * c) + (rotate_half(x) * s)
-        got = sdpa.rope(x, pos.numpy(), cos=cos, sin=sin)
-        self.assertTrue(torch.equal(got, hf))
-
-        # FlashAttention apply_rotary_emb_torch, interleaved: cos/sin repeated per pair
-        ci = cos[pos].repeat_interleave(2, dim=-1)[:, None, :]
-        si = sin[pos].repeat_interleave(2, dim=-1)[:, None, :]
-        x1, x2 = x[..., ::2], x[..., 1::2]
-        rot = torch.stack((-x2, x1), dim=-1).reshape(x.shape)
-        fa = x * ci + rot * si
-        got = sdpa.rope(x, pos.numpy(), cos=cos, sin=sin, interleaved=True)
-        self.assertTrue(torch.equal(got, fa))
-
 if __name__ == "__main__":
     unittest.main()
