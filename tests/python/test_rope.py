@@ -2,7 +2,7 @@
 apply_rotary_pos_emb (rotate_half, NeoX) and FlashAttention's apply_rotary_emb_torch
 (interleaved, GPT-J), each written here in numpy float32 from its formula; with cos/sin tables
 the library's result must be the same bits (elementwise float32 products, then one add).
-tests/python/test_torch.py repeats the comparison with torch tensors where torch is installed.
+tests/python/test_rope_torch.py repeats the comparison with torch tensors where torch is installed.
 """
 import unittest
 
