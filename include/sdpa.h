@@ -1110,7 +1110,7 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, 
  */
 typedef struct sdpa_rope_params {
     size_t struct_size;      /**< sizeof(sdpa_rope_params) as compiled by the caller */
-    int64_t rotary_dim;      /**< even, 2 <= rotary_dim <= E; 0 (default) = E */
+    int64_t rotary_dim;      /**< even, 2 <= rotary_dim <= E; 0 (default) = E; above 2048: SDPA_ERR_SHAPE */
     int32_t interleaved;     /**< 0 (default): NeoX half-split pairs; 1: GPT-J adjacent pairs; else SDPA_ERR_INVALID_ARGUMENT */
     int32_t reserved0;       /**< must be 0 */
     const sdpa_tensor *cos;  /**< float32 [max_pos, rotary_dim / 2] or NULL (then sin NULL too: theta) */
