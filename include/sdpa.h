@@ -1075,6 +1075,116 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, 
                                                   const sdpa_tensor *key, const sdpa_tensor *value,
                                                   const int64_t *slot_mapping);
 
+/* ---------------------------------------------------- rotary embedding (0.6) */
+
+/**
+ * Rotary position embedding (RoPE) parameters (0.6), for sdpa_rope() and
+ * sdpa_kv_write_options.rope. Versioned: set struct_size = sizeof(sdpa_rope_params) (or use
+ * sdpa_rope_params_init()); fields are only ever appended; reserved fields must be 0
+ * (SDPA_ERR_STRUCT_VERSION otherwise).
+ *
+ * A row x of E elements at position p is rotated on its first rotary_dim elements (the rest are
+ * copied): for i in [0, rotary_dim / 2), with the pair (a, b) =
+ *   - interleaved = 0 (GPT-NeoX / HF `rotate_half`, FlashAttention `interleaved=False`):
+ *     (x[i], x[i + rotary_dim / 2]);
+ *   - interleaved = 1 (GPT-J / FlashAttention `interleaved=True`): (x[2i], x[2i + 1]);
+ * a' = a * cos(p, i) - b * sin(p, i), b' = b * cos(p, i) + a * sin(p, i), computed in float32
+ * (each product rounded, then one add: no fused multiply-add) and narrowed to the output dtype with
+ * round-to-nearest-even. cos(p, i) / sin(p, i) are the tables' [p, i] entries (float32 views
+ * [max_pos, rotary_dim / 2], any strides, as HF's and FlashAttention's cos/sin caches; only the
+ * rows a call uses are read, and they must be finite), or, when both tables are NULL, HF's and
+ * vLLM's float32 recipe (`inv_freq = 1.0 / (base ** (arange(0, dim, 2).float() / dim))`,
+ * `freqs = float32(t) * inv_freq`, `cos = freqs.cos()`), evaluated as: b = float32(theta);
+ * inv_freq[i] = 1.0f / float32(pow(b, float32(2i) / float32(rotary_dim))) (pow in double, rounded
+ * once to float32; float32 divisions); angle = float32(p) * inv_freq[i] in float32; cos(p, i) /
+ * sin(p, i) = cos / sin of that float32 angle computed in double and rounded once to float32.
+ * PyTorch's own float32 pow and cos / sin are not correctly rounded (SLEEF, 1 ulp), so against
+ * torch 1.13.1 the recipe's inv_freq differs in 0-3 of rotary_dim / 2 entries by 1-2 ulp (bases
+ * 1e4 .. 5e6, dims 64 .. 256) and cos / sin by 1 ulp in about 5% of the entries: within about
+ * 1e-6 absolute of HF's cos / sin up to p = 32767 (tests/python/test_rope.py), not bit for bit.
+ * The float32 angle itself carries HF's error, up to about p * inv_freq * 2^-23 radians against
+ * the exact rotation; for long contexts pass tables computed in double. With tables the result
+ * equals, bit for bit, PyTorch's float32 evaluation of FlashAttention's `apply_rotary_emb` / HF
+ * transformers' `apply_rotary_pos_emb` on the same tables (their semantics; tests/test_rope.c,
+ * tests/python/test_rope.py).
+ */
+typedef struct sdpa_rope_params {
+    size_t struct_size;      /**< sizeof(sdpa_rope_params) as compiled by the caller */
+    int64_t rotary_dim;      /**< even, 2 <= rotary_dim <= E; 0 (default) = E; above 2048: SDPA_ERR_SHAPE */
+    int32_t interleaved;     /**< 0 (default): NeoX half-split pairs; 1: GPT-J adjacent pairs; else SDPA_ERR_INVALID_ARGUMENT */
+    int32_t reserved0;       /**< must be 0 */
+    const sdpa_tensor *cos;  /**< float32 [max_pos, rotary_dim / 2] or NULL (then sin NULL too: theta) */
+    const sdpa_tensor *sin;  /**< float32 [max_pos, rotary_dim / 2] or NULL */
+    double theta;            /**< base when the tables are NULL: 0 (default) = 10000; > 0 and finite once rounded to float32 (as PyTorch rounds it) */
+} sdpa_rope_params;
+
+/** Fill the first struct_size bytes of *params with the defaults (all zero) and set struct_size. */
+SDPA_API void sdpa_rope_params_init_sized(sdpa_rope_params *params, size_t struct_size);
+/** sdpa_rope_params_init_sized(params, sizeof(sdpa_rope_params)). */
+static inline void sdpa_rope_params_init(sdpa_rope_params *params) {
+    sdpa_rope_params_init_sized(params, sizeof(sdpa_rope_params));
+}
+
+/**
+ * Rotate rows by RoPE (0.6): out[t, h, :] = rope(x[t, h, :], positions[t]) for x, out
+ * [T, H, E] (any strides; a [B, L, H, E] BSHD query is T = B * L rows), dtypes float32 /
+ * float16 / bfloat16 each. out may be exactly x (in place: same data, strides and dtype); any
+ * other overlap is SDPA_ERR_OVERLAP. positions [T] (int64): position of each row,
+ * 0 <= p < max_pos of the tables (SDPA_ERR_INDEX naming the row) or >= 0 with theta.
+ * Everything is validated before anything is written. Use it for queries (apply the same
+ * params as the keys' sdpa_kv_write_ex) before sdpa_attention. See sdpa_rope_params for the
+ * formula and conventions.
+ * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
+ *         SDPA_ERR_STRIDE, SDPA_ERR_OVERLAP, SDPA_ERR_INDEX, SDPA_ERR_INVALID_ARGUMENT,
+ *         SDPA_ERR_STRUCT_VERSION, SDPA_ERR_NON_FINITE (a table entry), SDPA_ERR_ALIGNMENT
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_rope(const sdpa_tensor *x, const sdpa_tensor *out,
+                                              const int64_t *positions, const sdpa_rope_params *params);
+
+/**
+ * Options of sdpa_kv_write_ex() (0.6). Versioned like sdpa_options: set struct_size (or use
+ * sdpa_kv_write_options_init()); all-zero means "as sdpa_kv_write".
+ */
+typedef struct sdpa_kv_write_options {
+    size_t struct_size;             /**< sizeof(sdpa_kv_write_options) as compiled by the caller */
+    /** FP8 key cache scale (nullable = 1): float32 [1] or [Hkv]; stored fp8 = round(x / scale),
+     *  the same scale sdpa_options.k_scale later reads. Finite and > 0. Non-FP8 caches: must be NULL. */
+    const sdpa_tensor *k_scale;
+    const sdpa_tensor *v_scale;     /**< as k_scale, for the value cache */
+    /** RoPE applied to the key rows before they are converted and stored (nullable: none);
+     *  FlashAttention's `flash_attn_with_kvcache(rotary_cos, rotary_sin)`, vLLM's fused rotary +
+     *  reshape_and_cache. Values are not rotated. */
+    const sdpa_rope_params *rope;
+    /** positions [T] (int64) of the rows for rope; required with rope, else must be NULL. */
+    const int64_t *positions;
+} sdpa_kv_write_options;
+
+/** Fill the first struct_size bytes of *options with the defaults (all zero) and set struct_size. */
+SDPA_API void sdpa_kv_write_options_init_sized(sdpa_kv_write_options *options, size_t struct_size);
+/** sdpa_kv_write_options_init_sized(options, sizeof(sdpa_kv_write_options)). */
+static inline void sdpa_kv_write_options_init(sdpa_kv_write_options *options) {
+    sdpa_kv_write_options_init_sized(options, sizeof(sdpa_kv_write_options));
+}
+
+/**
+ * sdpa_kv_write() with options (0.6): 8-bit caches (q8_0, FP8 with scales) and RoPE on the key
+ * rows. options NULL = sdpa_kv_write(). Everything of sdpa_kv_write holds; in addition:
+ *   - q8_0 cache: each block of 32 is quantized as ggml's quantize_row_q8_0_ref (bit for bit):
+ *     d = amax / 127 stored as f16, q = round(x * (1 / d)) (nearest, ties away: roundf), 0 for an
+ *     all-zero block;
+ *   - FP8 cache (E4M3FN / E5M2): fp8 = x / scale rounded to nearest even, saturating to the
+ *     largest finite value (448 / 57344) as vLLM's scaled conversion; NaN stays NaN;
+ *   - rope: see sdpa_kv_write_options.rope; the rotation is computed in float32 before the
+ *     conversion to the cache dtype.
+ * @retval as sdpa_kv_write, plus SDPA_ERR_STRUCT_VERSION, SDPA_ERR_INVALID_ARGUMENT (a scale not
+ *         finite and > 0, a scale given for a non-FP8 cache, positions without rope or rope
+ *         without positions), SDPA_ERR_INDEX (a position outside the tables)
+ */
+SDPA_API SDPA_NODISCARD sdpa_status sdpa_kv_write_ex(const sdpa_tensor *key_cache, const sdpa_tensor *value_cache,
+                                                     const sdpa_tensor *key, const sdpa_tensor *value,
+                                                     const int64_t *slot_mapping,
+                                                     const sdpa_kv_write_options *options);
+
 /* ------------------------------------------------- multi-head attention layer */
 
 /**

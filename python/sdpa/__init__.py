@@ -29,6 +29,7 @@ from .masks import (allow_and, allow_from_additive, allow_from_ignore, allow_fro
                     sliding_window_allow_mask)
 from .mha import MultiheadAttention
 from .serving import ThreadPool, alibi_slopes, amx_available, kv_write, request_amx
+from .rope import rope, rope_params
 
 __version__ = "0.5.0"
 
@@ -39,7 +40,7 @@ __all__ = [
     "allow_from_keep_int", "allow_from_additive", "allow_to_additive", "count_empty_rows",
     "SdpaError", "SdpaArgumentError", "SdpaShapeError", "SdpaDtypeError", "SdpaValueError",
     "SdpaResourceError", "SdpaInternalError", "SdpaLibraryError", "SdpaVersionError",
-    "ThreadPool", "kv_write", "alibi_slopes", "request_amx", "amx_available",
+    "ThreadPool", "kv_write", "rope", "rope_params", "alibi_slopes", "request_amx", "amx_available",
     "STATUS_NAMES", "ALIGNMENTS", "EMPTY_ROWS", "WEIGHTS_STAGES", "KERNELS", "PRECISIONS",
     "library", "load_library", "library_version", "EXPECTED_VERSION", "__version__",
 ]

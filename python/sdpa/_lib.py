@@ -176,6 +176,19 @@ class SdpaCostOptions(ctypes.Structure):
     ]
 
 
+class SdpaRopeParams(ctypes.Structure):
+    """sdpa_rope_params (0.6): rotary embedding (sdpa_rope, sdpa_kv_write_options.rope)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("rotary_dim", ctypes.c_int64),
+        ("interleaved", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+        ("cos", ctypes.POINTER(SdpaTensor)),
+        ("sin", ctypes.POINTER(SdpaTensor)),
+        ("theta", ctypes.c_double),
+    ]
+
+
 SDPA_COST_EXACT = 0x1
 SDPA_COST_WEIGHTS = 0x2
 SDPA_COST_LSE = 0x4
@@ -284,6 +297,8 @@ SIGNATURES = {
     # 0.6
     "sdpa_attention_cost": (c_status, [_T, _T, _T, _O, _T, _T, _T, ctypes.POINTER(SdpaCostOptions),
                                        ctypes.POINTER(SdpaCost)]),
+    "sdpa_rope_params_init_sized": (None, [ctypes.POINTER(SdpaRopeParams), ctypes.c_size_t]),
+    "sdpa_rope": (c_status, [_T, _T, _vp, ctypes.POINTER(SdpaRopeParams)]),
 }
 # Functions without which nothing works: loading fails if one is missing. The others are looked
 # up when first called and raise SdpaLibraryError naming the missing symbol.
