@@ -135,17 +135,34 @@ void sdpa__rope_angles(const sdpa__rope *r, int64_t pos, float *cos_p, float *si
     }
 }
 
+/* One pair rotation: a' = a c - b s, b' = b c + a s (each product rounded, then one add). */
+static inline void rot(float *pa, float *pb, float c, float s) {
+    const float a = *pa, b = *pb;
+    const float ac = a * c, bs = b * s, bc = b * c, as = a * s;
+    *pa = ac - bs;
+    *pb = bc + as;
+}
+
+/* NeoX halves: x1 = x[0, half), x2 = x[half, 2 half) never overlap (restrict), so the loop is
+ * a plain elementwise one the compiler vectorises (the bits stay: no reassociation, no FMA). */
+static void rot_halves(float *restrict x1, float *restrict x2, const float *restrict c, const float *restrict s,
+                       int64_t half) {
+    for (int64_t i = 0; i < half; ++i) {
+        const float a = x1[i], b = x2[i];
+        const float ac = a * c[i], bs = b * s[i], bc = b * c[i], as = a * s[i];
+        x1[i] = ac - bs;
+        x2[i] = bc + as;
+    }
+}
+
 void sdpa__rope_apply(const sdpa__rope *r, const float *cos_p, const float *sin_p, float *x) {
     const int64_t half = r->rotary_dim / 2;
-    /* pair (a, b): NeoX (x[i], x[i + half]); GPT-J (x[2i], x[2i + 1]) */
-    const int64_t step = r->interleaved ? 2 : 1, off = r->interleaved ? 1 : half;
-    for (int64_t i = 0; i < half; ++i) {
-        float *pa = x + i * step, *pb = pa + off;
-        const float a = *pa, b = *pb, c = cos_p[i], s = sin_p[i];
-        const float ac = a * c, bs = b * s, bc = b * c, as = a * s;
-        *pa = ac - bs;
-        *pb = bc + as;
+    if (!r->interleaved) { /* pair (x[i], x[i + half]) */
+        rot_halves(x, x + half, cos_p, sin_p, half);
+        return;
     }
+    for (int64_t i = 0; i < half; ++i) /* GPT-J: pair (x[2i], x[2i + 1]) */
+        rot(x + 2 * i, x + 2 * i + 1, cos_p[i], sin_p[i]);
 }
 
 /* ---------------------------------------------------------------- sdpa_rope */
