@@ -124,4 +124,5 @@ static bool n_finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n) { retu
 
 const sdpa__convert sdpa__convert_neon = {
     "neon", n_widen_f16, n_widen_bf16, n_narrow_f16, n_narrow_bf16, n_finite_f16, n_finite_bf16,
+    SDPA__CONVERT_8BIT_NARROW_PORTABLE,
 };
