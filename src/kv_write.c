@@ -151,6 +151,11 @@ static sdpa_status kv_write(const char *FN, const sdpa_tensor *key_cache, const 
         side_init(&sv, value_cache, value);
     SDPA__TRY(check_scale(FN, "options->k_scale", o.k_scale, key_cache, "key_cache", &sk.scale));
     SDPA__TRY(check_scale(FN, "options->v_scale", o.v_scale, value_cache, "value_cache", &sv.scale));
+    if ((o.rope == NULL) != (o.positions == NULL))
+        return sdpa__fail(SDPA_ERR_INVALID_ARGUMENT,
+                          "%s: options->rope is %s but options->positions is %s: positions come with rope (the key "
+                          "rows' positions), and only with it",
+                          FN, o.rope ? "set" : "NULL", o.positions ? "set" : "NULL");
     if (T > 0 && slot_mapping == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: slot_mapping is NULL", FN);
     if (T > 0 && (st = sdpa__check_aligned(FN, "slot_mapping", slot_mapping, sizeof(int64_t))) != SDPA_OK)
