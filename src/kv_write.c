@@ -5,6 +5,7 @@
  * (context.c). Validation completes before the first byte is written. */
 #include "internal.h"
 #include "convert.h"
+#include "rope.h"
 
 #include <math.h>
 #include <string.h>
@@ -86,10 +87,11 @@ static void side_init(kvw_side *s, const sdpa_tensor *cache, const sdpa_tensor *
 }
 
 /* Row (t, h) of the side's rows into slot `slot` of head h of its cache: widened to float32
- * chunk by chunk, and narrowed (FP8: divided by head h's scale; q8_0: quantized by blocks).
+ * chunk by chunk, rotated (rope, keys only: cos_p / sin_p of row t's position), and narrowed (FP8: divided by head h's scale; q8_0: quantized by blocks).
  * Offsets stay signed (ptrdiff_t) down to the pointer: a negative stride of rows moves the
  * pointer down, with no wrap-around of an unsigned offset (undefined behaviour). */
-static void put_row(const sdpa__convert *cv, const kvw_side *s, int64_t t, int64_t h, int64_t slot) {
+static void put_row(const sdpa__convert *cv, const kvw_side *s, int64_t t, int64_t h, int64_t slot, const sdpa__rope *rope,
+                    const float *cos_p, const float *sin_p) {
     const sdpa_tensor *cache = s->cache, *rows = s->rows;
     const int64_t bs = cache->shape[2], n = rows->shape[2];
     const unsigned char *src =
@@ -103,6 +105,8 @@ static void put_row(const sdpa__convert *cv, const kvw_side *s, int64_t t, int64
         const int64_t m = n - e0 < KVW_CHUNK ? n - e0 : KVW_CHUNK;
         sdpa__widen_rows(cv, rows->dtype, src + (ptrdiff_t)(e0 * rows->strides[2]) * s->re, 0,
                          (ptrdiff_t)rows->strides[2], 1, m, tmp, m);
+        if (rope != NULL && e0 == 0) /* rotary_dim <= min(E, KVW_CHUNK): the first chunk holds every pair */
+            sdpa__rope_apply(rope, cos_p, sin_p, tmp);
         sdpa__narrow_rows_scaled(cv, cache->dtype, tmp, m, 1, m,
                                  dst + (ptrdiff_t)(e0 / s->per_unit * cache->strides[3]) * s->ce, 0,
                                  (ptrdiff_t)cache->strides[3], scale);
@@ -156,6 +160,13 @@ static sdpa_status kv_write(const char *FN, const sdpa_tensor *key_cache, const 
                           "%s: options->rope is %s but options->positions is %s: positions come with rope (the key "
                           "rows' positions), and only with it",
                           FN, o.rope ? "set" : "NULL", o.positions ? "set" : "NULL");
+    sdpa__rope rope;
+    double inv_freq[SDPA__ROPE_MAX_HALF];
+    if (o.rope != NULL) {
+        if (T > 0)
+            SDPA__TRY(sdpa__check_aligned(FN, "options->positions", o.positions, sizeof(int64_t)));
+        SDPA__TRY(sdpa__rope_prepare(FN, o.rope, key->shape[2], T, o.positions, &rope, inv_freq));
+    }
     if (T > 0 && slot_mapping == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: slot_mapping is NULL", FN);
     if (T > 0 && (st = sdpa__check_aligned(FN, "slot_mapping", slot_mapping, sizeof(int64_t))) != SDPA_OK)
@@ -165,7 +176,7 @@ static sdpa_status kv_write(const char *FN, const sdpa_tensor *key_cache, const 
         return sdpa__fail(SDPA_ERR_SIZE_OVERFLOW, "%s: num_blocks x block_size overflows", FN);
     /* Overlaps: the caches are written; rows, slot_mapping, scales and the other cache must not
      * share bytes with them. */
-    sdpa__named_span in[6], outs[2];
+    sdpa__named_span in[7], outs[2];
     int nin = 0, nout = 0;
     in[nin].name = "key"; in[nin++].s = sdpa__tensor_span(key);
     if (value) { in[nin].name = "value"; in[nin++].s = sdpa__tensor_span(value); }
@@ -174,6 +185,11 @@ static sdpa_status kv_write(const char *FN, const sdpa_tensor *key_cache, const 
     in[nin++].s.hi = T > 0 ? (uintptr_t)(slot_mapping + T) : (uintptr_t)slot_mapping;
     if (o.k_scale) { in[nin].name = "options->k_scale"; in[nin++].s = sdpa__tensor_span(o.k_scale); }
     if (o.v_scale) { in[nin].name = "options->v_scale"; in[nin++].s = sdpa__tensor_span(o.v_scale); }
+    if (o.positions != NULL) {
+        in[nin].name = "options->positions";
+        in[nin].s.lo = (uintptr_t)o.positions;
+        in[nin++].s.hi = (uintptr_t)(o.positions + T);
+    }
     outs[nout].name = "key_cache"; outs[nout++].s = sdpa__tensor_span(key_cache);
     if (value_cache) { outs[nout].name = "value_cache"; outs[nout++].s = sdpa__tensor_span(value_cache); }
     if ((st = sdpa__check_overlaps(FN, in, nin, outs, nout)) != SDPA_OK) return st;
@@ -187,13 +203,17 @@ static sdpa_status kv_write(const char *FN, const sdpa_tensor *key_cache, const 
     sdpa__ctx_make_base(&ctx);
     const sdpa__convert *cv = ctx.cv;
     const int64_t H = key->shape[1];
+    float cos_p[SDPA__ROPE_MAX_HALF], sin_p[SDPA__ROPE_MAX_HALF];
+    const sdpa__rope *kr = o.rope != NULL ? &rope : NULL;
     for (int64_t t = 0; t < T; ++t) {
         if (slot_mapping[t] < 0)
             continue;
+        if (kr != NULL) /* the angles of row t's position, once for all its heads */
+            sdpa__rope_angles(kr, o.positions[t], cos_p, sin_p);
         for (int64_t h = 0; h < H; ++h) {
-            put_row(cv, &sk, t, h, slot_mapping[t]);
+            put_row(cv, &sk, t, h, slot_mapping[t], kr, cos_p, sin_p);
             if (value)
-                put_row(cv, &sv, t, h, slot_mapping[t]);
+                put_row(cv, &sv, t, h, slot_mapping[t], NULL, NULL, NULL);
         }
     }
     return SDPA_OK;

@@ -25,6 +25,10 @@
  *    [Hkv] scales, every conversion table;
  *  - validation: bad scales, a scale on a non-FP8 cache, positions without rope, struct_size:
  *    the status, and the caches untouched;
+ *  - RoPE: kv_write_ex with rope (tables; both conventions, full and partial rotary_dim) into
+ *    q8_0 / FP8 / f16 / f32 caches equals this file's float32 rotation then its narrowing; with
+ *    theta, the f32 cache equals sdpa_rope's rows and a float64 rotation within 2^-17; a position
+ *    outside the tables is SDPA_ERR_INDEX with the cache untouched;
  *  - round trip: kv_write_ex into a paged q8_0 cache (block table) -> sdpa_attention decode,
  *    against float64 on the dequantized cache bytes (the float32 bound of sdpa_precision)
  *    and against float64 on the unquantized rows (the quantization bound propagated).
@@ -697,6 +701,200 @@ static void kvw8_validation_errors_leave_caches_untouched(void **state) {
     free(e4.mem), free(f16c.mem), free(q8.mem);
 }
 
+/* ============================================================== RoPE */
+
+/* The documented rotation of one float32 row (sdpa_rope_params): pairs (i, i + rd/2) or
+ * (2i, 2i + 1); a' = a c - b s, b' = a s + b c in float32, one rounding per operation. */
+static void ref_rope_f32(float *x, int64_t rd, int interleaved, const float *c, const float *sn) {
+    for (int64_t i = 0; i < rd / 2; ++i) {
+        const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + rd / 2;
+        const float a = x[ia], b = x[ib];
+        const float ac = a * c[i], bs = b * sn[i], as = a * sn[i], bc = b * c[i];
+        x[ia] = ac - bs;
+        x[ib] = as + bc;
+    }
+}
+
+/* The reference narrowing of a float32 row to a cache row (q8_0 blocks, FP8, f16, f32). */
+static void ref_store(int dt, const float *x, int64_t w, unsigned char *out) {
+    for (int64_t e = 0; e < w; ++e) {
+        if (dt == SDPA_DTYPE_Q8_0) {
+            if (e % 32 == 0)
+                ref_q8_0(x + e, out + (e / 32) * 34);
+        } else if (dt == SDPA_DTYPE_FP8_E4M3 || dt == SDPA_DTYPE_FP8_E5M2) {
+            out[e] = ref_fp8(dt, x[e]);
+        } else if (dt == SDPA_DTYPE_F16) {
+            const uint16_t h = (uint16_t)((fbits(x[e]) >> 31 ? 0x8000 : 0) | ref_f16(fabsf(x[e])));
+            memcpy(out + 2 * e, &h, 2);
+        } else {
+            memcpy(out + 4 * e, &x[e], 4);
+        }
+    }
+}
+
+/* kv_write_ex with rope (tables: exact angles) into q8_0 / FP8 / f16 / f32 caches equals the
+ * test's RoPE-then-quantize, both conventions, full and partial rotary_dim; values unrotated.
+ * With theta (no tables): the f32 cache equals sdpa_rope's rows bit for bit and a float64
+ * rotation within 2^-17 relative, and the q8_0 cache is the reference quantization of them. */
+static void kvw8_rope_then_quantize_matches_reference(void **state) {
+    (void)state;
+    enum { T = 5, W = 64, MAXPOS = 40 };
+    static const int dts[5] = {SDPA_DTYPE_Q8_0, SDPA_DTYPE_FP8_E4M3, SDPA_DTYPE_FP8_E5M2, SDPA_DTYPE_F16, SDPA_DTYPE_F32};
+    const int64_t pos[T] = {3, 17, 0, 39, 8}, slots[T] = {4, 11, -1, 0, 19};
+    float kf[T * HKV * W], vf[T * HKV * W];
+    for (int i = 0; i < T * HKV * W; ++i)
+        kf[i] = urand() * 3.0f, vf[i] = urand();
+    const int64_t shape[3] = {T, HKV, W};
+    sdpa_tensor tk, tv;
+    assert_int_equal(sdpa_tensor_init(&tk, kf, 3, shape), SDPA_OK);
+    assert_int_equal(sdpa_tensor_init(&tv, vf, 3, shape), SDPA_OK);
+    static float ct[MAXPOS][W / 2], st[MAXPOS][W / 2];
+    int cases = 0;
+    for (int il = 0; il < 2; ++il)
+        for (int64_t rd = W; rd >= 32; rd -= 32) {
+            for (int p = 0; p < MAXPOS; ++p)
+                for (int i = 0; i < rd / 2; ++i) {
+                    const double ang = p * pow(500.0, -2.0 * i / (double)rd);
+                    ct[p][i] = (float)cos(ang), st[p][i] = (float)sin(ang);
+                }
+            sdpa_tensor tc, ts;
+            const int64_t tshape[2] = {MAXPOS, rd / 2}, tstr[2] = {W / 2, 1};
+            assert_int_equal(sdpa_tensor_init_strided(&tc, ct, SDPA_DTYPE_F32, 2, tshape, tstr), SDPA_OK);
+            assert_int_equal(sdpa_tensor_init_strided(&ts, st, SDPA_DTYPE_F32, 2, tshape, tstr), SDPA_OK);
+            sdpa_rope_params rp;
+            sdpa_rope_params_init(&rp);
+            rp.rotary_dim = rd;
+            rp.interleaved = il;
+            rp.cos = &tc;
+            rp.sin = &ts;
+            sdpa_kv_write_options o;
+            sdpa_kv_write_options_init(&o);
+            o.rope = &rp;
+            o.positions = pos;
+            for (int di = 0; di < 5; ++di) {
+                cache kc, vc;
+                cache_make(&kc, dts[di], W);
+                cache_make(&vc, dts[di], W);
+                expect(sdpa_kv_write_ex(&kc.t, &vc.t, &tk, &tv, slots, &o), SDPA_OK, NULL);
+                unsigned char want[W * 4];
+                for (int64_t t = 0; t < T; ++t) {
+                    if (slots[t] < 0)
+                        continue;
+                    for (int64_t h = 0; h < HKV; ++h) {
+                        float row[W];
+                        memcpy(row, kf + (t * HKV + h) * W, sizeof row);
+                        ref_rope_f32(row, rd, il, ct[pos[t]], st[pos[t]]);
+                        ref_store(dts[di], row, W, want);
+                        if (memcmp(cache_row(&kc, slots[t], h), want, (size_t)kc.units * kc.unit) != 0)
+                            fail_msg("rope interleaved=%d rotary_dim=%lld dtype %d: key row (%lld, %lld) differs from "
+                                     "RoPE-then-narrow",
+                                     il, (long long)rd, dts[di], (long long)t, (long long)h);
+                        ref_store(dts[di], vf + (t * HKV + h) * W, W, want);
+                        assert_memory_equal(cache_row(&vc, slots[t], h), want, (size_t)vc.units * vc.unit);
+                    }
+                }
+                free(kc.mem), free(vc.mem);
+                ++cases;
+            }
+        }
+    /* theta 10000, no tables: as sdpa_rope, and near a float64 rotation */
+    for (int il = 0; il < 2; ++il) {
+        sdpa_rope_params rp;
+        sdpa_rope_params_init(&rp);
+        rp.interleaved = il;
+        sdpa_kv_write_options o;
+        sdpa_kv_write_options_init(&o);
+        o.rope = &rp;
+        o.positions = pos;
+        float rot[T * HKV * W];
+        sdpa_tensor trot;
+        assert_int_equal(sdpa_tensor_init(&trot, rot, 3, shape), SDPA_OK);
+        expect(sdpa_rope(&tk, &trot, pos, &rp), SDPA_OK, NULL);
+        cache f32c, q8c;
+        cache_make(&f32c, SDPA_DTYPE_F32, W);
+        cache_make(&q8c, SDPA_DTYPE_Q8_0, W);
+        expect(sdpa_kv_write_ex(&f32c.t, NULL, &tk, NULL, slots, &o), SDPA_OK, NULL);
+        expect(sdpa_kv_write_ex(&q8c.t, NULL, &tk, NULL, slots, &o), SDPA_OK, NULL);
+        double worst = 0.0;
+        for (int64_t t = 0; t < T; ++t) {
+            if (slots[t] < 0)
+                continue;
+            for (int64_t h = 0; h < HKV; ++h) {
+                const float *r = rot + (t * HKV + h) * W, *x = kf + (t * HKV + h) * W;
+                assert_memory_equal(cache_row(&f32c, slots[t], h), r, W * sizeof(float));
+                unsigned char want[W / 32 * 34];
+                ref_store(SDPA_DTYPE_Q8_0, r, W, want);
+                assert_memory_equal(cache_row(&q8c, slots[t], h), want, sizeof want);
+                for (int i = 0; i < W / 2; ++i) {
+                    const int ia = il ? 2 * i : i, ib = il ? 2 * i + 1 : i + W / 2;
+                    const double ang = (double)pos[t] * pow(10000.0, -2.0 * i / W);
+                    const double a = x[ia], b = x[ib], ya = a * cos(ang) - b * sin(ang), yb = a * sin(ang) + b * cos(ang);
+                    const double mag = fabs(a) + fabs(b);
+                    worst = fmax(worst, fmax(fabs(r[ia] - ya), fabs(r[ib] - yb)) / mag);
+                }
+            }
+        }
+        printf("# rope theta interleaved=%d: largest |error| / (|a| + |b|) vs float64 %.3g\n", il, worst);
+        assert_true(worst <= ldexp(1.0, -17));
+        free(f32c.mem), free(q8c.mem);
+    }
+    /* E = 4160 (two chunks) with rotary_dim 64: only the first 64 elements rotate */
+    {
+        enum { WB = 4160 };
+        float *xb = malloc(sizeof(float) * T * HKV * WB), *rb = malloc(sizeof(float) * T * HKV * WB);
+        for (int i = 0; i < T * HKV * WB; ++i)
+            xb[i] = urand();
+        const int64_t bshape[3] = {T, HKV, WB};
+        sdpa_tensor tx, tr;
+        assert_int_equal(sdpa_tensor_init(&tx, xb, 3, bshape), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init(&tr, rb, 3, bshape), SDPA_OK);
+        sdpa_rope_params rp;
+        sdpa_rope_params_init(&rp);
+        rp.rotary_dim = 64;
+        expect(sdpa_rope(&tx, &tr, pos, &rp), SDPA_OK, NULL);
+        sdpa_kv_write_options o;
+        sdpa_kv_write_options_init(&o);
+        o.rope = &rp;
+        o.positions = pos;
+        cache q8c;
+        cache_make(&q8c, SDPA_DTYPE_Q8_0, WB);
+        expect(sdpa_kv_write_ex(&q8c.t, NULL, &tx, NULL, slots, &o), SDPA_OK, NULL);
+        static unsigned char want[WB / 32 * 34];
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t h = 0; slots[t] >= 0 && h < HKV; ++h) {
+                ref_store(SDPA_DTYPE_Q8_0, rb + (t * HKV + h) * WB, WB, want);
+                assert_memory_equal(cache_row(&q8c, slots[t], h), want, sizeof want);
+            }
+        free(xb), free(rb), free(q8c.mem);
+    }
+    /* a position outside the tables: SDPA_ERR_INDEX, nothing written */
+    {
+        sdpa_rope_params rp;
+        sdpa_rope_params_init(&rp);
+        for (int p = 0; p < MAXPOS; ++p)
+            for (int i = 0; i < W / 2; ++i)
+                ct[p][i] = 1.0f, st[p][i] = 0.0f;
+        sdpa_tensor tc, ts;
+        const int64_t tshape[2] = {MAXPOS, W / 2};
+        assert_int_equal(sdpa_tensor_init(&tc, &ct[0][0], 2, tshape), SDPA_OK);
+        assert_int_equal(sdpa_tensor_init(&ts, &st[0][0], 2, tshape), SDPA_OK);
+        rp.cos = &tc;
+        rp.sin = &ts;
+        const int64_t badpos[T] = {3, 17, 0, 40, 8};
+        sdpa_kv_write_options o;
+        sdpa_kv_write_options_init(&o);
+        o.rope = &rp;
+        o.positions = badpos;
+        cache kc;
+        cache_make(&kc, SDPA_DTYPE_Q8_0, W);
+        expect(sdpa_kv_write_ex(&kc.t, NULL, &tk, NULL, slots, &o), SDPA_ERR_INDEX, NULL);
+        for (size_t i = 0; i < kc.bytes; ++i)
+            assert_int_equal(kc.mem[i], 0xCD);
+        free(kc.mem);
+    }
+    printf("# rope: %d table cases (2 conventions x 2 rotary_dims x 5 cache dtypes) bit-exact\n", cases);
+}
+
 /* ============================================================== round trip */
 
 /* kv_write_ex into a paged q8_0 K/V pool (shuffled block table), then one decode query per
@@ -813,6 +1011,7 @@ int main(void) {
         cmocka_unit_test(kvw8_fp8_random_matches_reference_and_bounds),
         cmocka_unit_test(kvw8_fp8_write_with_scales),
         cmocka_unit_test(kvw8_validation_errors_leave_caches_untouched),
+        cmocka_unit_test(kvw8_rope_then_quantize_matches_reference),
         cmocka_unit_test(kvw8_round_trip_paged_q8_0_attention),
     };
     return cmocka_run_group_tests_name("kv_write8", tests, NULL, NULL);

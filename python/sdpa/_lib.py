@@ -284,6 +284,7 @@ SIGNATURES = {
     # 0.6
     "sdpa_attention_cost": (c_status, [_T, _T, _T, _O, _T, _T, _T, ctypes.POINTER(SdpaCostOptions),
                                        ctypes.POINTER(SdpaCost)]),
+    "sdpa_kv_write_ex": (c_status, [_T, _T, _T, _T, _vp, _vp]),  # options: sdpa_kv_write_options *
 }
 # Functions without which nothing works: loading fails if one is missing. The others are looked
 # up when first called and raise SdpaLibraryError naming the missing symbol.
