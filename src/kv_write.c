@@ -14,6 +14,7 @@
  * (quantized: q8_0 blocks are independent, and the chunk is a multiple of 32), in pieces of
  * this many elements on the stack (no allocation). */
 #define KVW_CHUNK 2048
+_Static_assert(2 * SDPA__ROPE_MAX_HALF <= KVW_CHUNK, "a rotated row's pairs must fit in the first chunk");
 /* w: the width's name in the messages ("E" for keys, "Ev" for values). */
 static sdpa_status check_pair(const char *FN, const sdpa_tensor *cache, const sdpa_tensor *rows, const char *cname,
                               const char *rname, const char *w) {
