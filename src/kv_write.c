@@ -161,13 +161,8 @@ static sdpa_status kv_write(const char *FN, const sdpa_tensor *key_cache, const 
                           "%s: options->rope is %s but options->positions is %s: positions come with rope (the key "
                           "rows' positions), and only with it",
                           FN, o.rope ? "set" : "NULL", o.positions ? "set" : "NULL");
-    sdpa__rope rope;
-    double inv_freq[SDPA__ROPE_MAX_HALF];
-    if (o.rope != NULL) {
-        if (T > 0)
-            SDPA__TRY(sdpa__check_aligned(FN, "options->positions", o.positions, sizeof(int64_t)));
-        SDPA__TRY(sdpa__rope_prepare(FN, o.rope, key->shape[2], T, o.positions, &rope, inv_freq));
-    }
+    if (o.rope != NULL && T > 0)
+        SDPA__TRY(sdpa__check_aligned(FN, "options->positions", o.positions, sizeof(int64_t)));
     if (T > 0 && slot_mapping == NULL)
         return sdpa__fail(SDPA_ERR_NULL_POINTER, "%s: slot_mapping is NULL", FN);
     if (T > 0 && (st = sdpa__check_aligned(FN, "slot_mapping", slot_mapping, sizeof(int64_t))) != SDPA_OK)
@@ -194,6 +189,10 @@ static sdpa_status kv_write(const char *FN, const sdpa_tensor *key_cache, const 
     outs[nout].name = "key_cache"; outs[nout++].s = sdpa__tensor_span(key_cache);
     if (value_cache) { outs[nout].name = "value_cache"; outs[nout++].s = sdpa__tensor_span(value_cache); }
     if ((st = sdpa__check_overlaps(FN, in, nin, outs, nout)) != SDPA_OK) return st;
+    sdpa__rope rope; /* the rope params and every position, before anything is written */
+    double inv_freq[SDPA__ROPE_MAX_HALF];
+    if (o.rope != NULL)
+        SDPA__TRY(sdpa__rope_prepare(FN, o.rope, key->shape[2], T, o.positions, &rope, inv_freq));
     for (int64_t t = 0; t < T; ++t)
         if (slot_mapping[t] >= nslots)
             return sdpa__fail(SDPA_ERR_INDEX,

@@ -683,6 +683,11 @@ static void kvw8_validation_errors_leave_caches_untouched(void **state) {
     sdpa_kv_write_options_init(&o);
     o.rope = &rp;
     expect(sdpa_kv_write_ex(&q8.t, NULL, &tr, NULL, slots, &o), SDPA_ERR_INVALID_ARGUMENT, "positions");
+    /* positions inside the cache: SDPA_ERR_OVERLAP */
+    sdpa_kv_write_options_init(&o);
+    o.rope = &rp;
+    o.positions = (const int64_t *)(const void *)q8.mem;
+    expect(sdpa_kv_write_ex(&q8.t, NULL, &tr, NULL, slots, &o), SDPA_ERR_OVERLAP, "options->positions");
     sdpa_kv_write_options_init(&o);
     o.struct_size = 4;
     expect(sdpa_kv_write_ex(&q8.t, NULL, &tr, NULL, slots, &o), SDPA_ERR_STRUCT_VERSION, "struct_size");
