@@ -583,6 +583,42 @@ static void kvw8_fp8_random_matches_reference_and_bounds(void **state) {
     }
 }
 
+/* The scale is one float32 division (x / scale), not a multiply by 1 / scale: x near scale times
+ * each midpoint between neighbouring encodings, where the two differ in the last bit of y and
+ * the rounding to FP8 tells them apart. */
+static void kvw8_fp8_scale_is_one_division(void **state) {
+    (void)state;
+    static const float scales[5] = {3.0f, 0.037f, 7.0f, 1e-3f, 0.3f};
+    const sdpa__convert *tabs[4];
+    const int nt = tables_of(tabs);
+    int differ = 0;
+    for (int dt = SDPA_DTYPE_FP8_E4M3; dt <= SDPA_DTYPE_FP8_E5M2; ++dt) {
+        const int maxb = dt == SDPA_DTYPE_FP8_E4M3 ? 0x7E : 0x7B;
+        for (int si = 0; si < 5; ++si)
+            for (int b = 1; b < maxb; ++b) {
+                double lo, hi;
+                fp8_value(dt, (uint8_t)b, &lo);
+                fp8_value(dt, (uint8_t)(b + 1), &hi);
+                float x = (float)((lo + hi) / 2) * scales[si];
+                for (int k = 0; k < 4; ++k)
+                    x = nextafterf(x, 0.0f);
+                for (int k = 0; k < 9; ++k, x = nextafterf(x, INFINITY)) {
+                    const uint8_t want = ref_fp8(dt, x / scales[si]);
+                    differ += want != ref_fp8(dt, x * (1.0f / scales[si]));
+                    for (int ti = 0; ti < nt; ++ti) {
+                        uint8_t got;
+                        narrow_fp8(tabs[ti], dt, &x, 1, &got, 1, scales[si]);
+                        if (got != want)
+                            fail_msg("%s dtype %d: %a / %g encodes to 0x%02x, expected 0x%02x", tabs[ti]->name, dt,
+                                     (double)x, (double)scales[si], got, want);
+                    }
+                }
+            }
+    }
+    printf("# fp8 scale: %d inputs where x / scale and x * (1 / scale) encode differently\n", differ);
+    assert_true(differ > 0);
+}
+
 /* Per-tensor [1] and per-kv-head [Hkv] scales through sdpa_kv_write_ex (keys and values). */
 static void kvw8_fp8_write_with_scales(void **state) {
     (void)state;
@@ -1014,6 +1050,7 @@ int main(void) {
         cmocka_unit_test(kvw8_fp8_every_encoding_round_trips),
         cmocka_unit_test(kvw8_fp8_midpoints_ties_to_even_and_saturation),
         cmocka_unit_test(kvw8_fp8_random_matches_reference_and_bounds),
+        cmocka_unit_test(kvw8_fp8_scale_is_one_division),
         cmocka_unit_test(kvw8_fp8_write_with_scales),
         cmocka_unit_test(kvw8_validation_errors_leave_caches_untouched),
         cmocka_unit_test(kvw8_rope_then_quantize_matches_reference),
