@@ -1090,13 +1090,18 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_kv_write(const sdpa_tensor *key_cache, 
  *   - interleaved = 0 (GPT-NeoX / HF `rotate_half`, FlashAttention `interleaved=False`):
  *     (x[i], x[i + rotary_dim / 2]);
  *   - interleaved = 1 (GPT-J / FlashAttention `interleaved=True`): (x[2i], x[2i + 1]);
- * a' = a * cos(p, i) - b * sin(p, i), b' = a * sin(p, i) + b * cos(p, i), computed in float32
- * (one rounding each product, fmaf-free order as written) and narrowed to the output dtype with
+ * a' = a * cos(p, i) - b * sin(p, i), b' = b * cos(p, i) + a * sin(p, i), computed in float32
+ * (each product rounded, then one add: no fused multiply-add) and narrowed to the output dtype with
  * round-to-nearest-even. cos(p, i) / sin(p, i) are the tables' [p, i] entries (float32 views
- * [max_pos, rotary_dim / 2], any strides, as HF's and FlashAttention's cos/sin caches), or, when
- * both tables are NULL, cosf / sinf of p * theta^(-2i / rotary_dim) with the angle computed in
- * double (HF's `inv_freq = 1 / base^(arange(0, dim, 2) / dim)`). Semantics: FlashAttention's
- * `apply_rotary_emb` and HF transformers' `apply_rotary_pos_emb`.
+ * [max_pos, rotary_dim / 2], any strides, as HF's and FlashAttention's cos/sin caches; only the
+ * rows a call uses are read, and they must be finite), or, when both tables are NULL, HF's
+ * float32 recipe: inv_freq[i] = 1 / theta^(float32(2i) / rotary_dim) in float32, angle =
+ * float32(p) * inv_freq[i] in float32, and cos / sin of that angle correctly rounded (PyTorch's
+ * float32 cos / sin may differ by an ulp). The float32 angle carries HF's error, up to about
+ * p * inv_freq * 2^-23 radians; for long contexts pass tables computed in double. With tables
+ * the result equals, bit for bit, PyTorch's float32 evaluation of FlashAttention's
+ * `apply_rotary_emb` / HF transformers' `apply_rotary_pos_emb` on the same tables (their
+ * semantics; tests/test_rope.c, tests/python/test_rope.py).
  */
 typedef struct sdpa_rope_params {
     size_t struct_size;      /**< sizeof(sdpa_rope_params) as compiled by the caller */

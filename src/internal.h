@@ -5,7 +5,7 @@
  * (tests/layering/check_layering.py reads this list and fails on an arrow up):
  *
  * Stages, top to bottom (a stage: its src/ files):
- *   entries: mha.c, merge.c, kv_write.c, mask.c, cost.c
+ *   entries: mha.c, merge.c, kv_write.c, rope.c, mask.c, cost.c
  *   driver: attention.c
  *   plan: plan.c, options.c, view.c
  *   context: context.c
