@@ -1066,6 +1066,8 @@ SDPA_API SDPA_NODISCARD sdpa_status sdpa_merge(const sdpa_tensor *out_a, const s
  * written: a slot >= num_blocks * block_size is SDPA_ERR_INDEX naming the row and value. Rows
  * are written in order t = 0..T-1 (two rows naming one slot: the later wins, as in vLLM).
  * value_cache and value may both be NULL (keys only). On the caller's thread; no allocation.
+ * 0.6: this is sdpa_kv_write_ex(..., NULL): the caches may also be q8_0 or FP8 (scale 1), as
+ * described there.
  * @retval SDPA_OK, SDPA_ERR_NULL_POINTER, SDPA_ERR_DTYPE, SDPA_ERR_RANK, SDPA_ERR_SHAPE,
  *         SDPA_ERR_STRIDE (cache self-overlapping), SDPA_ERR_OVERLAP (rows or slot_mapping
  *         overlap a cache, or the caches each other), SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_INDEX,
@@ -1168,17 +1170,49 @@ static inline void sdpa_kv_write_options_init(sdpa_kv_write_options *options) {
 
 /**
  * sdpa_kv_write() with options (0.6): 8-bit caches (q8_0, FP8 with scales) and RoPE on the key
- * rows. options NULL = sdpa_kv_write(). Everything of sdpa_kv_write holds; in addition:
- *   - q8_0 cache: each block of 32 is quantized as ggml's quantize_row_q8_0_ref (bit for bit):
- *     d = amax / 127 stored as f16, q = round(x * (1 / d)) (nearest, ties away: roundf), 0 for an
- *     all-zero block;
- *   - FP8 cache (E4M3FN / E5M2): fp8 = x / scale rounded to nearest even, saturating to the
- *     largest finite value (448 / 57344) as vLLM's scaled conversion; NaN stays NaN;
- *   - rope: see sdpa_kv_write_options.rope; the rotation is computed in float32 before the
- *     conversion to the cache dtype.
- * @retval as sdpa_kv_write, plus SDPA_ERR_STRUCT_VERSION, SDPA_ERR_INVALID_ARGUMENT (a scale not
- *         finite and > 0, a scale given for a non-FP8 cache, positions without rope or rope
- *         without positions), SDPA_ERR_INDEX (a position outside the tables)
+ * rows. sdpa_kv_write() is this function with options NULL (one implementation). Everything of
+ * sdpa_kv_write holds (shapes, strides, slots, -1 skips, order, validation before any write, no
+ * allocation, the caller's thread); in addition:
+ *   - Dtypes: key_cache and value_cache may each be SDPA_DTYPE_F32, _F16, _BF16, _Q8_0 (E or Ev a
+ *     multiple of 32, strides in 34-byte blocks with the last one 1, as sdpa_attention reads it),
+ *     _FP8_E4M3 or _FP8_E5M2, independently; the rows key / value stay float32, float16 or
+ *     bfloat16 (an 8-bit row view is SDPA_ERR_DTYPE). Each row is widened exactly to float32
+ *     (on the stack, in chunks of 2048 elements), rotated if options->rope, then narrowed:
+ *   - q8_0 cache: each block of 32 is quantized as ggml's quantize_row_q8_0_ref, bit for bit
+ *     for finite blocks: amax = max |x|, d = amax / 127 (float32), q = roundf(x * (1 / d))
+ *     (nearest, ties away from zero; 0 for an all-zero block), d stored as binary16 rounded to
+ *     nearest even. Where ggml's reference is undefined (a float beyond int8 converted to
+ *     int8): a product beyond +-127 saturates (only when 1 / d overflows, amax < 127 * 2^-128;
+ *     such a d is a binary16 0, so the block reads back as zeros), a block holding a NaN is
+ *     stored as d = NaN and q = 0, one holding an Inf (no NaN) as d = +Inf and q = 0, so a
+ *     later sdpa_attention that attends the row fails its finite check; amax >= 65520 * 127
+ *     (d beyond binary16) also stores d = +Inf, as ggml does.
+ *     Accuracy: with D the stored d, every element of a block reads back (q * D) within
+ *       |x - q * D| <= amax * (1/254 + 2^-11) * (1 + 2^-14) + 127 * 2^-25
+ *     (half a step d / 2, plus 127 times the binary16 rounding of d: 2^-11 relative while
+ *     d >= 2^-14, i.e. amax >= 127 * 2^-14 ~ 0.0078, else 2^-25 absolute); about amax / 226.
+ *   - FP8 cache (E4M3FN / E5M2): y = x / scale (one float32 division; scale from
+ *     options->k_scale / v_scale, per tensor [1] or per kv head [Hkv], 1 when NULL), then y
+ *     rounded to nearest, ties to even, with subnormal results (never flushed), saturating to
+ *     the largest finite value +-448 / +-57344 (Inf included: vLLM's scaled_fp8_conversion
+ *     clamps the same way); NaN stays NaN (stored s.1111111: 0x7F / 0xFF); -0 stays -0. This
+ *     matches vLLM's scaled_fp8_conversion (its division, its saturation, RNE) for every finite
+ *     y. Accuracy of the stored ŷ against y: |ŷ - y| <= 2^-4 |y| (E4M3, 2^-6 <= |y| <= 448) or
+ *     2^-3 |y| (E5M2, 2^-14 <= |y| <= 57344); below the normal range an absolute half step,
+ *     2^-10 (E4M3) / 2^-17 (E5M2); beyond the largest value ŷ = +-448 / +-57344 (saturated). The
+ *     reader's value is ŷ * scale (one more float32 rounding).
+ *   - rope: see sdpa_kv_write_options.rope: the angles are computed once per row position, each
+ *     head's key row rotated in float32 (sdpa_rope_params' formula, the same bits as sdpa_rope()
+ *     on a float32 row), then narrowed to the cache dtype (any cache dtype). rope and positions
+ *     are validated before anything is written. Values are never rotated.
+ * The tests (tests/test_kv_write8.c) hold every rule above bit for bit against independent
+ * references (ggml's documented algorithm, a scan of the 256 FP8 values) and every bound.
+ * @retval as sdpa_kv_write, plus SDPA_ERR_STRUCT_VERSION (options->struct_size, RoPE params),
+ *         SDPA_ERR_INVALID_ARGUMENT (a scale not finite and > 0, a scale given for a non-FP8
+ *         cache or without a value cache, positions without rope or rope without positions,
+ *         bad rope params), SDPA_ERR_SHAPE / SDPA_ERR_DTYPE (a scale not float32 [1] or [Hkv];
+ *         rotary_dim), SDPA_ERR_INDEX (a position outside the tables), SDPA_ERR_ALIGNMENT
+ *         (positions not 8-byte aligned), SDPA_ERR_OVERLAP (positions or a scale inside a cache)
  */
 SDPA_API SDPA_NODISCARD sdpa_status sdpa_kv_write_ex(const sdpa_tensor *key_cache, const sdpa_tensor *value_cache,
                                                      const sdpa_tensor *key, const sdpa_tensor *value,

@@ -118,6 +118,57 @@ static inline float sdpa__e4m3_to_f32(uint8_t b) {
 
 static inline float sdpa__e5m2_to_f32(uint8_t b) { return sdpa__f16_to_f32((uint16_t)((unsigned)b << 8)); }
 
+/* ---- 0.6: the 8-bit K/V dtypes, write side (sdpa_kv_write_ex; exact, integer rounding) ----
+ *  - FP8: y = x / scale (one float32 division; scale 1 leaves x as it is), then y rounded to
+ *    nearest, ties to even, on its float32 bits (no double rounding, no FP environment),
+ *    with subnormal results where the format has them (never flushed). |y| beyond the largest
+ *    finite value (E4M3FN 448, E5M2 57344), Inf included, saturates to it with the sign kept
+ *    (vLLM's scaled_fp8_conversion clamps the same way); NaN becomes the NaN s.1111111 (0x7F
+ *    or 0xFF, the sign kept; E4M3FN's only NaN, and torch's E5M2 NaN); -0 stays -0.
+ *  - q8_0: each block of 32 as ggml's quantize_row_q8_0_ref: amax = max |x| (float32),
+ *    d = amax / 127 (float32 division), id = d != 0 ? 1 / d : 0, qs[j] = roundf(x[j] * id)
+ *    (nearest, ties away from zero), d stored as binary16 rounded to nearest even
+ *    (sdpa__f32_to_f16, as GGML_FP32_TO_FP16). Bit for bit ggml's for finite blocks. Where
+ *    ggml's reference is undefined (a float out of int8's range converted to int8: only when
+ *    1 / d overflows, amax < 127 * 2^-128, or with Inf/NaN inputs) the rule is: a product
+ *    x * id beyond +-127 saturates to +-127, a NaN product gives 0 (such tiny d round to a
+ *    binary16 0, so those blocks read back as zeros either way); a block holding a NaN is
+ *    stored as d = NaN (0x7E00) and qs = 0; a block holding an Inf (and no NaN) as d = +Inf
+ *    (ggml's d) and qs = 0 (x * 0). Both read back non-finite (the finite check catches them). */
+static inline uint8_t sdpa__f32_to_fp8(float x, unsigned mbits, unsigned bias, unsigned maxcode) {
+    const uint32_t u = sdpa__f32_bits(x);
+    const unsigned sign = (u >> 24) & 0x80u;
+    const uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) /* NaN */
+        return (uint8_t)(sign | 0x7Fu);
+    if (a >= (144u << 23)) /* >= 2^17 (Inf too): beyond both formats' range */
+        return (uint8_t)(sign | maxcode);
+    unsigned code;
+    if (a >= ((128u - bias) << 23)) { /* >= 2^(1 - bias): a normal FP8; rebias, round 23 - mbits bits */
+        const uint32_t r = a - ((127u - bias) << 23);
+        const unsigned sh = 23u - mbits;
+        code = (unsigned)((r + ((1u << (sh - 1u)) - 1u) + ((r >> sh) & 1u)) >> sh);
+        if (code > maxcode)
+            code = maxcode;
+    } else if (a <= ((127u - bias - mbits) << 23)) { /* <= half the smallest subnormal: the tie goes to 0 */
+        code = 0;
+    } else { /* subnormal: value / 2^(1 - bias - mbits) rounded to an integer (8 carries to the smallest normal) */
+        const uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u;
+        const uint32_t shift = 151u - bias - mbits - e;
+        const uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        code = (unsigned)(q + (rem > half || (rem == half && (q & 1u))));
+    }
+    return (uint8_t)(sign | code);
+}
+
+/* E4M3FN: 3 mantissa bits, bias 7, largest finite 0x7E (448). */
+static inline uint8_t sdpa__f32_to_e4m3(float x) { return sdpa__f32_to_fp8(x, 3u, 7u, 0x7Eu); }
+/* E5M2: 2 mantissa bits, bias 15, largest finite 0x7B (57344). */
+static inline uint8_t sdpa__f32_to_e5m2(float x) { return sdpa__f32_to_fp8(x, 2u, 15u, 0x7Bu); }
+
+/* One q8_0 block (34 bytes at blk, 2-byte aligned) from 32 floats, as described above. */
+void sdpa__q8_0_quantize_block(const float *x, void *blk);
+
 /* The scale d of the q8_0 block at blk (2-byte aligned). */
 static inline float sdpa__q8_0_d(const void *blk) {
     uint16_t h;
@@ -147,6 +198,12 @@ typedef struct sdpa__convert {
     bool (*finite_e4m3)(const uint8_t *x, ptrdiff_t stride, int64_t n, float scale);
     bool (*finite_e5m2)(const uint8_t *x, ptrdiff_t stride, int64_t n, float scale);
     bool (*finite_q8_0)(const void *x, int64_t nblocks);
+    /* 0.6, the 8-bit K/V dtypes (write side, sdpa_kv_write_ex): dst[t * stride] =
+     * fp8(src[t] / scale) for t < n (stride != 0); a q8_0 row of 32 * nblocks floats into
+     * nblocks contiguous blocks. */
+    void (*narrow_e4m3)(const float *src, int64_t n, uint8_t *dst, ptrdiff_t stride, float scale);
+    void (*narrow_e5m2)(const float *src, int64_t n, uint8_t *dst, ptrdiff_t stride, float scale);
+    void (*narrow_q8_0)(const float *src, int64_t nblocks, void *dst);
 } sdpa__convert;
 
 /* The portable 8-bit members (exact; every table may share them). */
@@ -160,6 +217,15 @@ bool sdpa__portable_finite_q8_0(const void *x, int64_t nblocks);
     .widen_e4m3 = sdpa__portable_widen_e4m3, .widen_e5m2 = sdpa__portable_widen_e5m2,                             \
     .widen_q8_0 = sdpa__portable_widen_q8_0, .finite_e4m3 = sdpa__portable_finite_e4m3,                           \
     .finite_e5m2 = sdpa__portable_finite_e5m2, .finite_q8_0 = sdpa__portable_finite_q8_0
+
+/* The portable 8-bit narrowing members (exact; every table shares them: SIMD versions must be
+ * bit-identical, tests/test_kv_write8.c). */
+void sdpa__portable_narrow_e4m3(const float *src, int64_t n, uint8_t *dst, ptrdiff_t stride, float scale);
+void sdpa__portable_narrow_e5m2(const float *src, int64_t n, uint8_t *dst, ptrdiff_t stride, float scale);
+void sdpa__portable_narrow_q8_0(const float *src, int64_t nblocks, void *dst);
+#define SDPA__CONVERT_8BIT_NARROW_PORTABLE                                                                        \
+    .narrow_e4m3 = sdpa__portable_narrow_e4m3, .narrow_e5m2 = sdpa__portable_narrow_e5m2,                         \
+    .narrow_q8_0 = sdpa__portable_narrow_q8_0
 
 extern const sdpa__convert sdpa__convert_portable;     /* src/convert_portable.c */
 #if defined(SDPA_HAVE_CONVERT_AVX2)
@@ -207,6 +273,10 @@ bool sdpa__finite_rows_scaled(const sdpa__convert *cv, int dtype, const void *sr
 /* dst[r * rs + c * cs] = src[r * ld + c] rounded to `dtype` (nearest even; F32: a copy). */
 void sdpa__narrow_rows(const sdpa__convert *cv, int dtype, const float *src, int64_t ld, int64_t rows, int64_t cols,
                        void *dst, ptrdiff_t rs, ptrdiff_t cs);
+/* 0.6: sdpa__narrow_rows for every sdpa_dtype, FP8 values divided by scale first (ignored for
+ * the other dtypes). Q8_0: strides in blocks (rs), cs must be 1 and cols a multiple of 32. */
+void sdpa__narrow_rows_scaled(const sdpa__convert *cv, int dtype, const float *src, int64_t ld, int64_t rows,
+                              int64_t cols, void *dst, ptrdiff_t rs, ptrdiff_t cs, float scale);
 /* Whether every src[r * rs + c * cs] (F16 or BF16 encodings) is finite. F32 data is scanned by
  * the micro-kernel tables' all_finite; passing F32 here is a bug and returns false. */
 bool sdpa__finite_rows(const sdpa__convert *cv, int dtype, const void *src, ptrdiff_t rs, ptrdiff_t cs, int64_t rows,

@@ -168,4 +168,5 @@ const sdpa__convert sdpa__convert_avx2 = {
     .widen_e4m3 = widen_e4m3,
     .widen_e5m2 = widen_e5m2,
     .widen_q8_0 = widen_q8_0,
+    SDPA__CONVERT_8BIT_NARROW_PORTABLE, /* 0.6: the 8-bit write side (portable, exact) */
 };

@@ -184,4 +184,5 @@ const sdpa__convert sdpa__convert_avx512 = {
     .widen_e4m3 = sdpa__avx512_widen_e4m3,
     .widen_e5m2 = sdpa__avx512_widen_e5m2,
     .widen_q8_0 = sdpa__avx512_widen_q8_0,
+    SDPA__CONVERT_8BIT_NARROW_PORTABLE, /* 0.6: the 8-bit write side (portable, exact) */
 };

@@ -135,4 +135,5 @@ const sdpa__convert sdpa__convert_neon = {
     .finite_f16 = n_finite_f16,
     .finite_bf16 = n_finite_bf16,
     SDPA__CONVERT_8BIT_PORTABLE,
+    SDPA__CONVERT_8BIT_NARROW_PORTABLE,
 };

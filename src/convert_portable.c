@@ -4,6 +4,8 @@
 #include "cpu.h"
 #include "sdpa.h"
 
+#include <math.h>
+
 static void widen_f16(const uint16_t *src, ptrdiff_t stride, int64_t n, float *dst) {
     for (int64_t t = 0; t < n; ++t)
         dst[t] = sdpa__f16_to_f32(src[t * stride]);
@@ -106,9 +108,54 @@ bool sdpa__portable_finite_q8_0(const void *x, int64_t nblocks) {
     return bad == 0;
 }
 
+/* ---- 0.6: the 8-bit write side (convert.h: the rules) ---- */
+
+void sdpa__portable_narrow_e4m3(const float *src, int64_t n, uint8_t *dst, ptrdiff_t stride, float scale) {
+    for (int64_t t = 0; t < n; ++t)
+        dst[t * stride] = sdpa__f32_to_e4m3(src[t] / scale);
+}
+
+void sdpa__portable_narrow_e5m2(const float *src, int64_t n, uint8_t *dst, ptrdiff_t stride, float scale) {
+    for (int64_t t = 0; t < n; ++t)
+        dst[t * stride] = sdpa__f32_to_e5m2(src[t] / scale);
+}
+
+void sdpa__q8_0_quantize_block(const float *x, void *blk) {
+    unsigned char *b = (unsigned char *)blk;
+    int8_t *qs = (int8_t *)(void *)(b + 2);
+    float amax = 0.0f;
+    bool nan = false;
+    for (int j = 0; j < SDPA__Q8_0_QK; ++j) {
+        const float ax = fabsf(x[j]);
+        nan |= ax != ax;
+        amax = amax > ax ? amax : ax; /* ggml's MAX(amax, fabsf(v)) */
+    }
+    uint16_t dh;
+    if (nan) {
+        dh = 0x7E00u;
+        memset(qs, 0, SDPA__Q8_0_QK);
+    } else {
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        dh = sdpa__f32_to_f16(d);
+        for (int j = 0; j < SDPA__Q8_0_QK; ++j) {
+            const float v = x[j] * id;
+            qs[j] = v != v ? (int8_t)0 : v >= 127.0f ? (int8_t)127 : v <= -127.0f ? (int8_t)-127 : (int8_t)roundf(v);
+        }
+    }
+    memcpy(b, &dh, sizeof dh);
+}
+
+void sdpa__portable_narrow_q8_0(const float *src, int64_t nblocks, void *dst) {
+    unsigned char *blk = (unsigned char *)dst;
+    for (int64_t i = 0; i < nblocks; ++i)
+        sdpa__q8_0_quantize_block(src + i * SDPA__Q8_0_QK, blk + i * SDPA__Q8_0_BYTES);
+}
+
 const sdpa__convert sdpa__convert_portable = {
     "portable", widen_f16, widen_bf16, narrow_f16, narrow_bf16, finite_f16, finite_bf16,
     SDPA__CONVERT_8BIT_PORTABLE,
+    SDPA__CONVERT_8BIT_NARROW_PORTABLE,
 };
 
 static size_t unit_bytes(int dtype) {
@@ -183,6 +230,23 @@ void sdpa__narrow_rows(const sdpa__convert *cv, int dtype, const float *src, int
             uint16_t *d = (uint16_t *)dst + r * rs;
             (dtype == SDPA_DTYPE_F16 ? cv->narrow_f16 : cv->narrow_bf16)(x, cols, d, cs);
         }
+    }
+}
+
+void sdpa__narrow_rows_scaled(const sdpa__convert *cv, int dtype, const float *src, int64_t ld, int64_t rows,
+                              int64_t cols, void *dst, ptrdiff_t rs, ptrdiff_t cs, float scale) {
+    if (dtype == SDPA_DTYPE_F32 || dtype == SDPA_DTYPE_F16 || dtype == SDPA_DTYPE_BF16) {
+        sdpa__narrow_rows(cv, dtype, src, ld, rows, cols, dst, rs, cs);
+        return;
+    }
+    const ptrdiff_t rb = rs * (ptrdiff_t)unit_bytes(dtype);
+    for (int64_t r = 0; r < rows; ++r) {
+        unsigned char *d = (unsigned char *)dst + r * rb;
+        const float *x = src + r * ld;
+        if (dtype == SDPA_DTYPE_Q8_0)
+            cv->narrow_q8_0(x, cols / SDPA__Q8_0_QK, d);
+        else
+            (dtype == SDPA_DTYPE_FP8_E4M3 ? cv->narrow_e4m3 : cv->narrow_e5m2)(x, cols, d, cs, scale);
     }
 }
 

@@ -1154,13 +1154,13 @@ static void test_decode_last_sequence_longest(void **state) {
     }
 }
 
-/* sdpa_kv_write with E > 256 (the conversion runs in chunks of 256 elements) and element
+/* sdpa_kv_write with E > 2048 (the conversion runs in chunks of 2048 elements) and element
  * strides other than 1: rows with stride 2 or -1 on E (and negative strides on T and Hkv),
  * a cache with stride 2 on E; f32 and f16 caches. Every element lands in its slot; the
  * cache's stride gaps and unnamed slots keep their canary. */
 static void test_kv_write_wide_strided_rows(void **state) {
     (void)state;
-    const int64_t T = 3, Hkv = 2, E = 300, NB = 2, BS = 2;
+    const int64_t T = 3, Hkv = 2, E = 2100, NB = 2, BS = 2;
     const int64_t nrow = T * Hkv * E;
     float *rbuf = falloc((size_t)(2 * nrow));
     for (int64_t t = 0; t < 2 * nrow; ++t)

@@ -299,6 +299,7 @@ SIGNATURES = {
                                        ctypes.POINTER(SdpaCost)]),
     "sdpa_rope_params_init_sized": (None, [ctypes.POINTER(SdpaRopeParams), ctypes.c_size_t]),
     "sdpa_rope": (c_status, [_T, _T, _vp, ctypes.POINTER(SdpaRopeParams)]),
+    "sdpa_kv_write_ex": (c_status, [_T, _T, _T, _T, _vp, _vp]),  # options: sdpa_kv_write_options *
 }
 # Functions without which nothing works: loading fails if one is missing. The others are looked
 # up when first called and raise SdpaLibraryError naming the missing symbol.

@@ -11,7 +11,7 @@ import numpy as np
 from . import _lib
 from ._arrays import as_numpy
 from ._errors import STATUS_CODES, SdpaArgumentError, SdpaError, py_error
-from ._views import address, int64_vector, integer, real, tensor_view
+from ._views import KV8_DTYPES, address, int64_vector, integer, kv8_view, real, tensor_view
 
 _FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -127,38 +127,134 @@ class ThreadPool:
             return "<sdpa.ThreadPool closed>"
 
 
-def kv_write(key_cache, value_cache, key, value, slot_mapping):
-    """Scatter new K/V rows into a cache by slot index (sdpa_kv_write; vLLM's
-    reshape_and_cache slot_mapping contract), in place, without copies of the cache.
+class _RopeParams(ctypes.Structure):
+    """sdpa_rope_params (0.6), as sdpa.h lays it out."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("rotary_dim", ctypes.c_int64),
+                ("interleaved", ctypes.c_int32), ("reserved0", ctypes.c_int32),
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("theta", ctypes.c_double)]
+
+
+class _KvWriteOptions(ctypes.Structure):
+    """sdpa_kv_write_options (0.6), as sdpa.h lays it out."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("k_scale", ctypes.c_void_p),
+                ("v_scale", ctypes.c_void_p), ("rope", ctypes.c_void_p), ("positions", ctypes.c_void_p)]
+
+
+_ROPE_KEYS = {"rotary_dim", "interleaved", "theta", "cos", "sin"}
+
+
+def _rope_params(rope, keep):
+    """A _RopeParams from rope=: True (the defaults: NeoX pairs, rotary_dim = E, theta 10000) or
+    a dict with any of rotary_dim, interleaved (bool), theta, cos, sin (float32 tables
+    [max_pos, rotary_dim / 2]). Arrays it views are appended to `keep`."""
+    p = _RopeParams()
+    p.struct_size = ctypes.sizeof(_RopeParams)
+    if rope is True:
+        return p
+    if not isinstance(rope, dict):
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"rope={rope!r}: expected True or a dict of "
+                       f"{sorted(_ROPE_KEYS)}")
+    unknown = set(rope) - _ROPE_KEYS
+    if unknown:
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT", f"rope: unknown keys {sorted(unknown)} (known: "
+                       f"{sorted(_ROPE_KEYS)})")
+    p.rotary_dim = integer(rope.get("rotary_dim", 0), "rope['rotary_dim']")
+    p.interleaved = 1 if rope.get("interleaved", False) else 0
+    p.theta = real(rope.get("theta", 0.0), "rope['theta']")
+    for field in ("cos", "sin"):
+        if rope.get(field) is not None:
+            arr = as_numpy(rope[field], f"rope['{field}']")
+            t = tensor_view(arr, f"rope['{field}']")
+            keep += [arr, t]
+            setattr(p, field, ctypes.addressof(t))
+    return p
+
+
+def _scale(scale, name, keep):
+    """The address of an SdpaTensor over a write scale (a float, or a float32 [1] / [Hkv] array)."""
+    if scale is None:
+        return None
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        arr = np.array([scale], dtype=np.float32)
+    else:  # its dtype, rank and shape are the library's to check
+        arr = as_numpy(scale, name)
+    t = tensor_view(arr, name)
+    keep += [arr, t]
+    return ctypes.addressof(t)
+
+
+def _cache_view(cache, name, kind):
+    cache = as_numpy(cache, name, writable=True)
+    if kind is None:
+        return cache, tensor_view(cache, name, writable=True)
+    if kind not in KV8_DTYPES:
+        raise py_error("SDPA_ERR_INVALID_ARGUMENT",
+                       f"{name[0]}_dtype={kind!r} is not one of {sorted(KV8_DTYPES)}")
+    return cache, kv8_view(cache, name, kind)
+
+
+def kv_write(key_cache, value_cache, key, value, slot_mapping, *, k_dtype=None, v_dtype=None, k_scale=None,
+             v_scale=None, rope=None, positions=None):
+    """Scatter new K/V rows into a cache by slot index (sdpa_kv_write / 0.6 sdpa_kv_write_ex;
+    vLLM's reshape_and_cache slot_mapping contract), in place, without copies of the cache.
 
     key_cache [num_blocks, Hkv, block_size, E], value_cache [num_blocks, Hkv, block_size, Ev]:
         writable arrays (any strides: vLLM's [num_blocks, block_size, Hkv, E] cache is
         ``cache.transpose(0, 2, 1, 3)``, torch ``cache.permute(0, 2, 1, 3)``; a dense [B, Hkv, S, E] cache is the pool with
         num_blocks = B, block_size = S); float32, float16 or bfloat16 (torch).
-    key [T, Hkv, E], value [T, Hkv, Ev]: the new rows, any of those dtypes; converted to the
-        cache dtype with round-to-nearest-even (exact when equal or wider).
+        0.6, 8-bit caches: the cache's bytes as a uint8 array with k_dtype= / v_dtype= naming
+        the format, as scaled_dot_product_attention reads them: "q8_0" (ggml block_q8_0: the
+        last axis holds E / 32 blocks of 34 bytes), "fp8_e4m3", "fp8_e5m2" (one byte each).
+        q8_0 blocks are quantized as ggml's quantize_row_q8_0_ref (bit for bit); FP8 stores
+        x / scale rounded to nearest even, saturating to +-448 / +-57344 (vLLM).
+    key [T, Hkv, E], value [T, Hkv, Ev]: the new rows, float32, float16 or bfloat16; converted to
+        the cache dtype (round-to-nearest-even; exact when equal or wider).
     slot_mapping: T integers (converted to int64): row t goes to block slot // block_size,
         slot slot % block_size; a negative slot skips the row (padding, as vLLM).
     value_cache and value may both be None (keys only).
+    k_scale, v_scale (0.6): FP8 caches only: a float or a float32 [1] / [Hkv] array, finite and
+        > 0 (the same scales scaled_dot_product_attention's k_scale= / v_scale= then read).
+    rope, positions (0.6): RoPE on the key rows before they are stored: rope=True (NeoX pairs,
+        rotary_dim = E, theta 10000) or a dict with rotary_dim, interleaved (GPT-J pairs),
+        theta, cos / sin (float32 tables [max_pos, rotary_dim / 2]); positions: T integers, the
+        rows' positions. Both or neither.
 
-    Every slot is validated before anything is written: a slot >= num_blocks * block_size
-    raises SdpaShapeError with status SDPA_ERR_INDEX naming the row and value. Rows are
-    written in order (two rows naming one slot: the later wins). Returns None."""
+    Every slot (and scale, position) is validated before anything is written: a slot >=
+    num_blocks * block_size raises SdpaShapeError with status SDPA_ERR_INDEX naming the row and
+    value. Rows are written in order (two rows naming one slot: the later wins). Returns None."""
     lib = _lib.get()
-    key_cache = as_numpy(key_cache, "key_cache", writable=True)
+    key_cache, tkc = _cache_view(key_cache, "key_cache", k_dtype)
     key = as_numpy(key, "key")
-    tkc = tensor_view(key_cache, "key_cache", writable=True)
     tk = tensor_view(key, "key")
+    tvc = None
     if value_cache is not None:
-        value_cache = as_numpy(value_cache, "value_cache", writable=True)
-    tvc = tensor_view(value_cache, "value_cache", writable=True) if value_cache is not None else None
+        value_cache, tvc = _cache_view(value_cache, "value_cache", v_dtype)
     tv = tensor_view(value, "value") if value is not None else None
+    extended = (k_scale is not None or v_scale is not None or rope is not None or positions is not None)
+    keep = []
+    opt = None
+    if extended:
+        opt = _KvWriteOptions()
+        opt.struct_size = ctypes.sizeof(_KvWriteOptions)
+        opt.k_scale = _scale(k_scale, "k_scale", keep)
+        opt.v_scale = _scale(v_scale, "v_scale", keep)
+        if rope is not None and rope is not False:
+            rp = _rope_params(rope, keep)
+            keep.append(rp)
+            opt.rope = ctypes.addressof(rp)
+    call = (lambda *a: lib.sdpa_kv_write_ex(*a, ctypes.addressof(opt))) if extended else lib.sdpa_kv_write
     if key.ndim != 3:  # the library names the rank; slot_mapping's length needs key's T
-        lib.check(lib.sdpa_kv_write(tkc, tvc, tk, tv, None))
+        lib.check(call(tkc, tvc, tk, tv, None))
     slots = int64_vector(slot_mapping, key.shape[0], "slot_mapping", per="row of key (T)")
-    status = lib.sdpa_kv_write(tkc, tvc, tk, tv, address(slots) if slots.size else None)
+    if extended and positions is not None:
+        pos = int64_vector(positions, key.shape[0], "positions", per="row of key (T)")
+        if not pos.size:  # T = 0: nothing is read, but rope still comes with positions
+            pos = np.zeros(1, dtype=np.int64)
+        keep.append(pos)
+        opt.positions = address(pos)
+    status = call(tkc, tvc, tk, tv, address(slots) if slots.size else None)
     lib.check(status)
-    del slots
+    del slots, keep
 
 
 def alibi_slopes(num_heads, max_bias=8.0):
