@@ -238,7 +238,9 @@ AI __m256 ld8(const int DT, const void *row, ptrdiff_t e) {
     if (DT == SDPA_DTYPE_Q8_0) {
         const char *blk = (const char *)row + (e >> 5) * SDPA__Q8_0_BYTES;
         const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + (e & 31)));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(sdpa__q8_0_d(blk)));
+        uint16_t h; /* d widened exactly by VCVTPH2PS (F16C), as sdpa__q8_0_d */
+        memcpy(&h, blk, sizeof h);
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtph_ps(_mm_set1_epi16((short)h)));
     }
     if (DT == SDPA_DTYPE_FP8_E4M3 || DT == SDPA_DTYPE_FP8_E5M2)
         return fp8x8(DT, _mm_loadl_epi64((const __m128i *)(const void *)((const char *)row + e)));
