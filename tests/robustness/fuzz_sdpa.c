@@ -948,6 +948,7 @@ static void fuzz_masks(rd *r)
 enum { SV_N = 4096 };
 static float sv_f[3][SV_N];
 static uint16_t sv_h[3][SV_N];
+static uint8_t sv_b[3][SV_N]; /* 0.6: FP8 E4M3 K/V (multiples of 1/8 in [-2, 2] are exact in it) */
 static double sv_d[3][SV_N];
 static unsigned char sv_out[SV_N * 4];
 static unsigned char sv_out_copy[SV_N * 4];
@@ -971,6 +972,19 @@ static uint16_t sv_bf16_bits(float x)
     uint32_t b;
     memcpy(&b, &x, 4);
     return (uint16_t)(b >> 16);
+}
+
+static uint8_t sv_e4m3_bits(double x) /* x a multiple of 1/8 with |x| <= 2 (exact in E4M3FN), or NaN */
+{
+    if (isnan(x))
+        return 0x7F;
+    uint8_t s = x < 0 ? 0x80 : 0;
+    x = fabs(x);
+    if (x == 0)
+        return s;
+    int e;
+    double m = frexp(x, &e); /* x = m * 2^e, m in [0.5, 1); E4M3 bias 7, 3 mantissa bits */
+    return (uint8_t)(s | (uint8_t)((e - 1 + 7) << 3) | (uint8_t)((m * 2 - 1) * 8));
 }
 
 static double sv_widen(int32_t dt, const unsigned char *p)
@@ -1009,8 +1023,10 @@ static const void *sv_fill(rd *r, int which, int32_t dt, int64_t n)
         sv_d[which][t] = x;
         sv_f[which][t] = (float)x;
         sv_h[which][t] = dt == SDPA_DTYPE_F16 ? sv_f16_bits(x) : sv_bf16_bits((float)x);
+        sv_b[which][t] = sv_e4m3_bits(x);
     }
-    return dt == SDPA_DTYPE_F32 ? (const void *)sv_f[which] : (const void *)sv_h[which];
+    return dt == SDPA_DTYPE_F32 ? (const void *)sv_f[which]
+           : dt == SDPA_DTYPE_FP8_E4M3 ? (const void *)sv_b[which] : (const void *)sv_h[which];
 }
 
 static void sv_poison(int which, int32_t dt, int64_t from, int64_t to) /* NaN / Inf in [from, to) */
@@ -1020,6 +1036,7 @@ static void sv_poison(int which, int32_t dt, int64_t from, int64_t to) /* NaN / 
         sv_d[which][t] = x;
         sv_f[which][t] = (float)x;
         sv_h[which][t] = dt == SDPA_DTYPE_F16 ? (t & 1 ? 0x7E00 : 0x7C00) : sv_bf16_bits((float)x);
+        sv_b[which][t] = t & 1 ? 0xFF : 0x7F; /* E4M3FN has no Inf: its NaNs */
     }
 }
 
@@ -1027,6 +1044,14 @@ static int32_t sv_dtype(rd *r)
 {
     const uint8_t c = u8(r) % 4;
     return c == 3 ? SDPA_DTYPE_F32 : (int32_t)c;
+}
+
+/* K / V dtypes (0.6): sv_dtype's, and FP8 E4M3 (unscaled) for a byte >= 252, so the earlier
+ * corpus keeps its meaning for the other 252 values. */
+static int32_t sv_kv_dtype(rd *r)
+{
+    const uint8_t c = u8(r);
+    return c >= 252 ? SDPA_DTYPE_FP8_E4M3 : c % 4 == 3 ? SDPA_DTYPE_F32 : (int32_t)(c % 4);
 }
 
 /* Rows [T, Hkv, E] over `src` (contiguous order) with the axes in `neg` reversed (negative
@@ -1126,7 +1151,7 @@ static void fuzz_serving(rd *r)
     const int mode = u8(r) % 3; /* 0 dense, 1 paged, 2 packed */
     const int64_t Hkv = 1 + u8(r) % 2, Hq = Hkv * (1 + u8(r) % 2), E = 1 + u8(r) % 8, Ev = 1 + u8(r) % 8;
     int64_t B = 1 + u8(r) % 3, L = 1 + u8(r) % 5, S = u8(r) % 9;
-    const int32_t dq = sv_dtype(r), dk = sv_dtype(r), dv = sv_dtype(r), dout = sv_dtype(r);
+    const int32_t dq = sv_dtype(r), dk = sv_kv_dtype(r), dv = sv_kv_dtype(r), dout = sv_dtype(r);
     sdpa_options o;
     sdpa_options_init(&o);
     o.empty_rows = SDPA_EMPTY_ROWS_ZERO;
