@@ -14,7 +14,8 @@
  * 0.4/0.5 calls too: bf16 tiled, paged bf16 decode with sinks and ALiBi, a packed batch, a call
  * on a caller sdpa_threadpool, sdpa_kv_write (documented to allocate nothing: K = 0) and
  * sdpa_threadpool_create (its N-th allocation or pthread_create failing: OUT_OF_MEMORY, *out
- * untouched, no leak).
+ * untouched, no leak). 0.6: a q8_0 K + scaled E4M3 V cache on the tiled and decode kernels, and
+ * sdpa_kv_write_ex with RoPE into those caches (K = 0).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -659,6 +660,93 @@ static void kv_write_scenario(rb_rng *r)
     free(k), free(v), free(kc), free(vcache);
 }
 
+/* 0.6: an 8-bit cache (q8_0 K, E4M3 V with v_scale 0.5: the scaled FP8 rows go through the
+ * loaders' float32 tiles) on the tiled and the decode kernel, and its write by sdpa_kv_write_ex
+ * with RoPE (documented to allocate nothing: K = 0). The caches are filled by kv_write_ex before
+ * injection starts. */
+typedef struct k8ctx {
+    sdpa_tensor kc, vc, k, v, cos, sin;
+    sdpa_kv_write_options o;
+    sdpa_rope_params rope;
+    int64_t slots[64], pos[64];
+} k8ctx;
+
+static sdpa_status call_kv_write_ex(void *vc)
+{
+    k8ctx *c = (k8ctx *)vc;
+    return sdpa_kv_write_ex(&c->kc, &c->vc, &c->k, &c->v, c->slots, &c->o);
+}
+
+static void kv8_scenario(const char *name, int decode, rb_rng *r)
+{
+    const int64_t Hq = 8, Hkv = 2, E = 64, B = decode ? 1 : 2, L = decode ? 1 : 96, S = decode ? 2048 : 400;
+    const int64_t nrows = B * Hkv * S, nq = B * Hq * L * E, nl = B * Hq * L;
+    unsigned char *kb = malloc((size_t)(nrows * (E / 32) * 34)), *vb = malloc((size_t)(nrows * E));
+    float *kf = filled((size_t)(nrows * E), r), *vf = filled((size_t)(nrows * E), r);
+    float vscale[1] = {0.5f};
+    sdpa_tensor tvs;
+    (void)!sdpa_tensor_init(&tvs, vscale, 1, (int64_t[]){1});
+    k8ctx w;
+    memset(&w, 0, sizeof w);
+    const int64_t cs[4] = {B, Hkv, S, E}, cst[4] = {Hkv * S * (E / 32), S * (E / 32), E / 32, 1};
+    (void)!sdpa_tensor_init_strided(&w.kc, kb, SDPA_DTYPE_Q8_0, 4, cs, cst);
+    (void)!sdpa_tensor_init_dtype(&w.vc, vb, SDPA_DTYPE_FP8_E4M3, 4, cs);
+    sdpa_kv_write_options_init(&w.o);
+    w.o.v_scale = &tvs;
+    int64_t *slots = malloc((size_t)S * sizeof(int64_t));
+    for (int64_t b = 0; b < B; ++b) { /* the dense cache is the pool with num_blocks = B, block_size = S */
+        for (int64_t t = 0; t < S; ++t)
+            slots[t] = b * S + t;
+        sdpa_tensor rk, rv;
+        const int64_t rs[3] = {S, Hkv, E}, rst[3] = {E, S * E, 1};
+        (void)!sdpa_tensor_init_strided(&rk, kf + b * Hkv * S * E, SDPA_DTYPE_F32, 3, rs, rst);
+        (void)!sdpa_tensor_init_strided(&rv, vf + b * Hkv * S * E, SDPA_DTYPE_F32, 3, rs, rst);
+        RB_CHECK(sdpa_kv_write_ex(&w.kc, &w.vc, &rk, &rv, slots, &w.o) == SDPA_OK, "%s: fill: %s", name,
+                 sdpa_last_error_message());
+    }
+    free(slots);
+    actx c;
+    memset(&c, 0, sizeof c);
+    sdpa_options_init(&c.opt);
+    c.opt.v_scale = &tvs;
+    c.opt.kernel = decode ? SDPA_KERNEL_DECODE : SDPA_KERNEL_TILED;
+    c.opt.causal = !decode;
+    c.opt.num_threads = 3;
+    float *q = filled((size_t)nq, r), *o = malloc((size_t)nq * 4), *l = malloc((size_t)nl * 4);
+    const int64_t sq[4] = {B, Hq, L, E}, sl[3] = {B, Hq, L};
+    (void)!sdpa_tensor_init(&c.q, q, 4, sq);
+    c.k = w.kc;
+    c.v = w.vc;
+    (void)!sdpa_tensor_init(&c.o, o, 4, sq);
+    (void)!sdpa_tensor_init(&c.l, l, 3, sl);
+    c.with_l = 1;
+    scenario s = {name, call_attention, &c, {{o, (size_t)nq}, {l, (size_t)nl}, {NULL, 0}}, 0};
+    run_scenario(&s);
+    free(q), free(o), free(l);
+    if (decode) { /* the write: 64 rows with RoPE into the same caches */
+        const int64_t T = 64, half = E / 2;
+        float *k = filled((size_t)(T * Hkv * E), r), *v = filled((size_t)(T * Hkv * E), r);
+        float *ct = malloc((size_t)(4096 * half) * 4), *st = malloc((size_t)(4096 * half) * 4);
+        for (int64_t i = 0; i < 4096 * half; ++i)
+            ct[i] = rb_uniform(r, -1, 1), st[i] = rb_uniform(r, -1, 1);
+        (void)!sdpa_tensor_init(&w.k, k, 3, (int64_t[]){T, Hkv, E});
+        (void)!sdpa_tensor_init(&w.v, v, 3, (int64_t[]){T, Hkv, E});
+        (void)!sdpa_tensor_init(&w.cos, ct, 2, (int64_t[]){4096, half});
+        (void)!sdpa_tensor_init(&w.sin, st, 2, (int64_t[]){4096, half});
+        sdpa_rope_params_init(&w.rope);
+        w.rope.cos = &w.cos, w.rope.sin = &w.sin;
+        w.o.rope = &w.rope;
+        w.o.positions = w.pos;
+        for (int64_t t = 0; t < T; ++t)
+            w.slots[t] = t % 9 == 4 ? -1 : (t * 31) % S, w.pos[t] = 100 + t;
+        scenario sw = {"sdpa_kv_write_ex (RoPE, q8_0 K / E4M3 V)", call_kv_write_ex, &w,
+                       {{(float *)(void *)kb, (size_t)(nrows * (E / 32) * 34) / 4}, {(float *)(void *)vb, (size_t)(nrows * E) / 4}, {NULL, 0}}, 1};
+        run_scenario(&sw);
+        free(k), free(v), free(ct), free(st);
+    }
+    free(kb), free(vb), free(kf), free(vf);
+}
+
 /* sdpa_threadpool_create: the N-th allocation or pthread_create failing gives
  * SDPA_ERR_OUT_OF_MEMORY, *out untouched, nothing leaked (its workers joined). */
 static void pool_create_scenario(void)
@@ -710,6 +798,8 @@ int main(void)
     serving_scenario("packed batch (cu_seqlens_q/k), causal", SV_PACKED, &r);
     serving_scenario("tiled on a caller sdpa_threadpool(3)", SV_POOL, &r);
     kv_write_scenario(&r);
+    kv8_scenario("q8_0 K + scaled E4M3 V, tiled, causal, 3 threads", 0, &r);
+    kv8_scenario("q8_0 K + scaled E4M3 V, decode split, 3 threads", 1, &r);
     pool_create_scenario();
     printf("test_inject: %lld injected failures checked, %d failed\n", (long long)g_checked, rb_failures);
     return rb_failures ? 1 : 0;
