@@ -989,6 +989,11 @@ static uint8_t sv_e4m3_bits(double x) /* x a multiple of 1/8 with |x| <= 2 (exac
 
 static double sv_widen(int32_t dt, const unsigned char *p)
 {
+    if (dt == SDPA_DTYPE_FP8_E4M3) { /* E4M3FN: bias 7, 3 mantissa bits, s.1111.111 NaN */
+        const int e = p[0] >> 3 & 15, m = p[0] & 7;
+        const double v = e == 15 && m == 7 ? NAN : e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+        return p[0] & 0x80 ? -v : v;
+    }
     if (dt == SDPA_DTYPE_F32) {
         float f;
         memcpy(&f, p, 4);
@@ -1083,10 +1088,11 @@ static void fuzz_kv_write(rd *r)
     const int wide = ce >= 240;
     const int64_t NB = wide ? 1 : 1 + u8(r) % 4, Hkv = 1 + u8(r) % 2, bs = wide ? 1 + u8(r) % 2 : 1 + u8(r) % 4,
                   E = wide ? 257 + ce % 44 : 1 + ce % 6, T = u8(r) % 6;
-    const int32_t dc = sv_dtype(r), dr = sv_dtype(r);
+    const int32_t dc = sv_kv_dtype(r), dr = sv_dtype(r); /* 0.6: E4M3 caches too (the values are exact in it) */
     const int with_v = u8(r) % 2;
     const unsigned negk = u8(r) % 8, negv = u8(r) % 8;
-    const size_t ec = dc == SDPA_DTYPE_F32 ? 4 : 2, vat = SV_N * 2; /* the value cache's byte offset */
+    const size_t ec = dc == SDPA_DTYPE_F32 ? 4 : dc == SDPA_DTYPE_FP8_E4M3 ? 1 : 2,
+                 vat = SV_N * 2; /* the value cache's byte offset */
     const int64_t cs[4] = {NB, Hkv, bs, E}, rs[3] = {T, Hkv, E};
     const void *krows = sv_fill(r, 0, dr, T * Hkv * E), *vrows = sv_fill(r, 1, dr, T * Hkv * E);
     int64_t slots[8];
