@@ -48,6 +48,11 @@
 #include "cpu.h"
 #include "sdpa.h"
 
+/* max of two doubles by compare and select, not fmax: gcc 12 for aarch64 stops with an internal
+ * compiler error (vect_transform_reduction) vectorising fmax reductions (the aarch64 CI job);
+ * NaN in b is ignored as fmax ignores it. */
+static inline double dmax(double a, double b) { return b > a ? b : a; }
+
 /* ------------------------------------------------------------------ helpers */
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
@@ -315,7 +320,7 @@ static void kvw8_q8_0_every_table_matches_ggml_reference(void **state) {
             const uint16_t dh = (uint16_t)(b[0] | (b[1] << 8));
             double amax = 0.0;
             for (int j = 0; j < 32; ++j)
-                amax = fmax(amax, fabs((double)x[32 * i + j]));
+                amax = dmax(amax, fabs((double)x[32 * i + j]));
             const double bound = amax * (1.0 / 254.0 + ldexp(1.0, -11)) * (1.0 + ldexp(1.0, -14)) + 127.0 * ldexp(1.0, -25);
             for (int j = 0; j < 32; ++j) {
                 const double xh = (double)((float)(int8_t)b[2 + j] * (float)half_value(dh));
@@ -569,11 +574,11 @@ static void kvw8_fp8_random_matches_reference_and_bounds(void **state) {
                     } else if (a >= minnorm) {
                         if (err > rel * a)
                             fail_msg("dtype %d: %a: relative error %g above %g", dt, y, err / a, rel);
-                        worst_rel = fmax(worst_rel, err / a);
+                        worst_rel = dmax(worst_rel, err / a);
                     } else {
                         if (err > sub_abs)
                             fail_msg("dtype %d: %a: absolute error %g above %g", dt, y, err, sub_abs);
-                        worst_abs = fmax(worst_abs, err);
+                        worst_abs = dmax(worst_abs, err);
                     }
                 }
             }
@@ -871,7 +876,7 @@ static void kvw8_rope_then_quantize_matches_reference(void **state) {
                     const double ang = (double)pos[t] * pow(10000.0, -2.0 * i / W);
                     const double a = x[ia], b = x[ib], ya = a * cos(ang) - b * sin(ang), yb = a * sin(ang) + b * cos(ang);
                     const double mag = fabs(a) + fabs(b);
-                    worst = fmax(worst, fmax(fabs(r[ia] - ya), fabs(r[ib] - yb)) / mag);
+                    worst = dmax(worst, dmax(fabs(r[ia] - ya), fabs(r[ib] - yb)) / mag);
                 }
             }
         }
@@ -1004,16 +1009,16 @@ static void kvw8_round_trip_paged_q8_0_attention(void **state) {
                     s += (double)q[b][h][0][e] * kdq[j][e];
                     s_0 += (double)q[b][h][0][e] * kf[b][j][g][e];
                     a += fabs((double)q[b][h][0][e] * kdq[j][e]);
-                    V = fmax(V, fabs(vdq[j][e]));
-                    dv = fmax(dv, fabs(vdq[j][e] - vf[b][j][g][e]));
+                    V = dmax(V, fabs(vdq[j][e]));
+                    dv = dmax(dv, fabs(vdq[j][e] - vf[b][j][g][e]));
                 }
                 sd[j] = s * scale, s0[j] = s_0 * scale;
-                A = fmax(A, a * scale), T = fmax(T, fabs(sd[j]));
-                dk = fmax(dk, fabs(sd[j] - s0[j])); /* the score moved by quantizing K */
+                A = dmax(A, a * scale), T = dmax(T, fabs(sd[j]));
+                dk = dmax(dk, fabs(sd[j] - s0[j])); /* the score moved by quantizing K */
             }
             double md = -INFINITY, m0 = -INFINITY;
             for (int j = 0; j < n; ++j)
-                md = fmax(md, sd[j]), m0 = fmax(m0, s0[j]);
+                md = dmax(md, sd[j]), m0 = dmax(m0, s0[j]);
             double zd = 0.0, z0 = 0.0;
             for (int j = 0; j < n; ++j)
                 zd += exp(sd[j] - md), z0 += exp(s0[j] - m0);
@@ -1027,14 +1032,14 @@ static void kvw8_round_trip_paged_q8_0_attention(void **state) {
                 if (err > bound)
                     fail_msg("(%d, %d, %d): out %g vs dequantized float64 %g: error %g above %g", b, h, e,
                              (double)out[b][h][0][e], od, err, bound);
-                worst_deq = fmax(worst_deq, err / bound);
+                worst_deq = dmax(worst_deq, err / bound);
                 /* against the unquantized rows: scores moved by at most dk, values by dv */
                 const double qbound = bound + V * (exp(2 * dk) - 1) + dv;
                 const double err0 = fabs((double)out[b][h][0][e] - o0);
                 if (err0 > qbound)
                     fail_msg("(%d, %d, %d): out %g vs unquantized float64 %g: error %g above %g", b, h, e,
                              (double)out[b][h][0][e], o0, err0, qbound);
-                worst_q = fmax(worst_q, err0 / qbound);
+                worst_q = dmax(worst_q, err0 / qbound);
             }
         }
     printf("# round trip paged q8_0: error / float32 bound (dequantized) %.3f, error / quantization bound %.3f\n",
