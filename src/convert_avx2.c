@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #define AI static inline __attribute__((always_inline))
+#include "simd_avx2.h"
 
 /* 16 bf16 or f16 -> as 32-bit integers in lanes: widen 8 uint16 to 8 uint32. */
 AI __m256 bf16x8_to_f32(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
@@ -116,19 +117,8 @@ AI bool finite16(const uint16_t *x, ptrdiff_t stride, int64_t n, uint16_t mask) 
 static bool finite_f16(const uint16_t *x, ptrdiff_t stride, int64_t n) { return finite16(x, stride, n, 0x7C00u); }
 static bool finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n) { return finite16(x, stride, n, 0x7F80u); }
 
-/* ---- 0.6: the 8-bit K/V dtypes (read side; convert.h's values, as convert_avx512.c) ---- */
-AI __m256 fp8x8_to_f32(int e4m3, __m128i b8) {
-    const __m128i x = _mm_cvtepu8_epi16(b8);
-    if (!e4m3)
-        return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
-    const __m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7F)), sgn = _mm_and_si128(x, _mm_set1_epi16(0x80));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(sgn, 8), _mm_slli_epi16(mag, 7));
-    const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-    const __m256i nan32 = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)));
-    const __m256i qn = _mm256_or_si256(_mm256_slli_epi32(_mm256_cvtepu16_epi32(sgn), 24), _mm256_set1_epi32(0x7FC00000));
-    return _mm256_blendv_ps(f, _mm256_castsi256_ps(qn), _mm256_castsi256_ps(nan32));
-}
-
+/* ---- 0.6: the 8-bit K/V dtypes (read side): fp8x8_to_f32 and q8_0_d8 (simd_avx2.h, shared
+ * with the decode rows kernels), then times the scale ---- */
 AI void widen_fp8(int e4m3, const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale) {
     int64_t t = 0;
     if (stride == 1) {
@@ -151,7 +141,7 @@ static void widen_e5m2(const uint8_t *src, ptrdiff_t stride, int64_t n, float *d
 static void widen_q8_0(const void *src, int64_t nblocks, float *dst) {
     const char *blk = (const char *)src;
     for (int64_t i = 0; i < nblocks; ++i, blk += SDPA__Q8_0_BYTES, dst += SDPA__Q8_0_QK) {
-        const __m256 d = _mm256_set1_ps(sdpa__q8_0_d(blk));
+        const __m256 d = q8_0_d8(blk);
         for (int j = 0; j < 4; ++j) {
             const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + 8 * j));
             _mm256_storeu_ps(dst + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));

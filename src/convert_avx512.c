@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #define AI static inline __attribute__((always_inline))
+#include "simd_avx512.h"
 
 AI __mmask16 tail16(int64_t r) { return (__mmask16)(r >= 16 ? 0xFFFFu : ((1u << r) - 1u)); }
 
@@ -123,22 +124,8 @@ bool sdpa__avx512_finite_f16(const uint16_t *x, ptrdiff_t stride, int64_t n) { r
 bool sdpa__avx512_finite_bf16(const uint16_t *x, ptrdiff_t stride, int64_t n) { return finite16(x, stride, n, 0x7F80u); }
 
 /* ---- 0.6: the 8-bit K/V dtypes (read side) ----
- * The same values as convert.h's scalar definitions: E5M2 is a binary16's top byte
- * (VCVTPH2PS); E4M3FN moved into a binary16 (exponent bias 15 instead of 7, so times 2^8 after
- * VCVTPH2PS: exact), its NaN (s.1111.111) the quiet NaN with the sign; then times the scale.
- * Strided sources and tails go through the portable members. */
-AI __m512 fp8x16_to_f32(int e4m3, __m128i b16) {
-    const __m256i x = _mm256_cvtepu8_epi16(b16);
-    if (!e4m3)
-        return _mm512_cvtph_ps(_mm256_slli_epi16(x, 8));
-    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi16(0x7F)), sgn = _mm256_and_si256(x, _mm256_set1_epi16(0x80));
-    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(sgn, 8), _mm256_slli_epi16(mag, 7));
-    const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-    const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
-    const __m512i qn = _mm512_or_si512(_mm512_slli_epi32(_mm512_cvtepu16_epi32(sgn), 24), _mm512_set1_epi32(0x7FC00000));
-    return _mm512_mask_mov_ps(f, nan, _mm512_castsi512_ps(qn));
-}
-
+ * fp8x16_to_f32 and q8_0_d16 (simd_avx512.h, shared with the decode rows kernels), then times
+ * the scale. Strided sources and tails go through the portable members. */
 AI void widen_fp8(int e4m3, const uint8_t *src, ptrdiff_t stride, int64_t n, float *dst, float scale) {
     int64_t t = 0;
     if (stride == 1) {
@@ -161,7 +148,7 @@ void sdpa__avx512_widen_e5m2(const uint8_t *src, ptrdiff_t stride, int64_t n, fl
 void sdpa__avx512_widen_q8_0(const void *src, int64_t nblocks, float *dst) {
     const char *blk = (const char *)src;
     for (int64_t i = 0; i < nblocks; ++i, blk += SDPA__Q8_0_BYTES, dst += SDPA__Q8_0_QK) {
-        const __m512 d = _mm512_set1_ps(sdpa__q8_0_d(blk));
+        const __m512 d = q8_0_d16(blk);
         const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
         _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d));
         _mm512_storeu_ps(dst + 16,

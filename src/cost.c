@@ -280,11 +280,12 @@ static sdpa_status cost_fill(const sdpa_tensor *q, const sdpa_tensor *k, const s
     c->flops = add_sat(mul_sat(mul_sat(2, p.E), score_stage ? t.score_pairs : t.allowed),
                        mul_sat(mul_sat(2, p.Ev), t.allowed));
     c->bytes_read_q = mul_sat(mul_sat(t.rows, p.E), (int64_t)eq);
-    /* 0.6: a q8_0 row is E / 32 blocks of 34 bytes (ek, ev: the block) */
-    c->bytes_read_k = p.k.dtype == SDPA_DTYPE_Q8_0 ? mul_sat(mul_sat(t.k_rows, p.E / SDPA_Q8_0_BLOCK), (int64_t)ek)
-                                                   : mul_sat(mul_sat(t.k_rows, p.E), (int64_t)ek);
-    c->bytes_read_v = p.v.dtype == SDPA_DTYPE_Q8_0 ? mul_sat(mul_sat(t.v_rows, p.Ev / SDPA_Q8_0_BLOCK), (int64_t)ev)
-                                                   : mul_sat(mul_sat(t.v_rows, p.Ev), (int64_t)ev);
+    /* a row's storage units (0.6: a q8_0 row is E / 32 blocks; ek, ev: bytes of one unit) */
+    int64_t k_units, v_units;
+    sdpa__storage_shape(p.k.dtype, 1, &p.E, &k_units);
+    sdpa__storage_shape(p.v.dtype, 1, &p.Ev, &v_units);
+    c->bytes_read_k = mul_sat(mul_sat(t.k_rows, k_units), (int64_t)ek);
+    c->bytes_read_v = mul_sat(mul_sat(t.v_rows, v_units), (int64_t)ev);
     c->bytes_read_mask = t.mask_pairs;
     c->bytes_read_bias = p.rules.has_bias ? mul_sat(t.bias_pairs, (int64_t)sdpa_dtype_size((sdpa_dtype)p.rules.bias.dtype)) : 0;
     const int64_t out_rows = mul_sat(mul_sat(p.B, p.Hq), p.L);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
+#include "simd_avx2.h"
 
 AI __m256 exp8(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-88.0f)); /* NaN becomes -88: NaN lanes are caught as bad elsewhere */
@@ -219,28 +220,14 @@ AI ptrdiff_t unit(const int DT) {
     return DT == SDPA_DTYPE_Q8_0 ? SDPA__Q8_0_BYTES : DT >= SDPA_DTYPE_FP8_E4M3 ? 1 : esize(DT);
 }
 AI const void *rowp(const int DT, const void *base, ptrdiff_t off) { return (const char *)base + off * unit(DT); }
-/* 8 E4M3FN / E5M2 bytes widened exactly (convert.h): E5M2 is a binary16's top byte; E4M3 moved
- * into a binary16 (exponent bias 15 instead of 7: times 2^8 after vcvtph2ps, exact), NaN
- * (s.1111.111) the quiet NaN with its sign. */
-AI __m256 fp8x8(const int DT, __m128i b8) {
-    const __m128i x = _mm_cvtepu8_epi16(b8);
-    if (DT == SDPA_DTYPE_FP8_E5M2)
-        return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
-    const __m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7F)), sgn = _mm_and_si128(x, _mm_set1_epi16(0x80));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(sgn, 8), _mm_slli_epi16(mag, 7));
-    const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-    const __m256i nan32 = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)));
-    const __m256i qn = _mm256_or_si256(_mm256_slli_epi32(_mm256_cvtepu16_epi32(sgn), 24), _mm256_set1_epi32(0x7FC00000));
-    return _mm256_blendv_ps(f, _mm256_castsi256_ps(qn), _mm256_castsi256_ps(nan32));
-}
+/* 8 E4M3FN / E5M2 bytes widened exactly (simd_avx2.h). */
+AI __m256 fp8x8(const int DT, __m128i b8) { return fp8x8_to_f32(DT == SDPA_DTYPE_FP8_E4M3, b8); }
 /* Elements [e, e + 8) of a row as stored, widened (q8_0: one block's d * q; e a multiple of 8). */
 AI __m256 ld8(const int DT, const void *row, ptrdiff_t e) {
     if (DT == SDPA_DTYPE_Q8_0) {
         const char *blk = (const char *)row + (e >> 5) * SDPA__Q8_0_BYTES;
         const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + (e & 31)));
-        uint16_t h; /* d widened exactly by VCVTPH2PS (F16C), as sdpa__q8_0_d */
-        memcpy(&h, blk, sizeof h);
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtph_ps(_mm_set1_epi16((short)h)));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), q8_0_d8(blk));
     }
     if (DT == SDPA_DTYPE_FP8_E4M3 || DT == SDPA_DTYPE_FP8_E5M2)
         return fp8x8(DT, _mm_loadl_epi64((const __m128i *)(const void *)((const char *)row + e)));

@@ -180,33 +180,12 @@ AI int64_t rbytes(const int DT, int64_t n) {
     return DT == SDPA_DTYPE_Q8_0 ? n / 32 * SDPA__Q8_0_BYTES : DT >= SDPA_DTYPE_FP8_E4M3 ? n : n * esize(DT);
 }
 
-/* 16 E4M3FN / E5M2 bytes widened exactly (convert.h): E5M2 is a binary16's top byte; E4M3 moved
- * into a binary16 (exponent bias 15 instead of 7: times 2^8 after vcvtph2ps, exact), NaN
- * (s.1111.111) the quiet NaN with its sign. */
-AI __m512 fp8x16(const int DT, __m128i b16) {
-    const __m256i x = _mm256_cvtepu8_epi16(b16);
-    if (DT == SDPA_DTYPE_FP8_E5M2)
-        return _mm512_cvtph_ps(_mm256_slli_epi16(x, 8));
-    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi16(0x7F)), sgn = _mm256_and_si256(x, _mm256_set1_epi16(0x80));
-    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(sgn, 8), _mm256_slli_epi16(mag, 7));
-    const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-    const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
-    const __m512i qn = _mm512_or_si512(_mm512_slli_epi32(_mm512_cvtepu16_epi32(sgn), 24), _mm512_set1_epi32(0x7FC00000));
-    return _mm512_mask_mov_ps(f, nan, _mm512_castsi512_ps(qn));
-}
-
-/* A q8_0 block's d (binary16) in every lane: VCVTPH2PS widens it exactly, as convert.h's
- * sdpa__q8_0_d does (the f16 K/V loads here rely on the same instruction), in 2 instructions
- * where the scalar integer conversion took about 20 per 16 elements. */
-AI __m512 q8_d(const char *blk) {
-    uint16_t h;
-    memcpy(&h, blk, sizeof h);
-    return _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
-}
+/* 16 E4M3FN / E5M2 bytes widened exactly (simd_avx512.h). */
+AI __m512 fp8x16(const int DT, __m128i b16) { return fp8x16_to_f32(DT == SDPA_DTYPE_FP8_E4M3, b16); }
 
 /* 16 q8_0 values (one block's half: e a multiple of 16) from 16 int8 q and the block's d. */
 AI __m512 q8x16(const char *blk, __m128i q) {
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), q8_d(blk));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), q8_0_d16(blk));
 }
 
 /* Elements [e, e + 16) of a row as stored, widened to float32. */

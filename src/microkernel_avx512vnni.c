@@ -19,9 +19,9 @@
 #include "convert.h"
 
 #include <immintrin.h>
-#include <string.h>
 
 #define AI static inline __attribute__((always_inline))
+#include "simd_avx2.h"
 #define QBLOCKS 128 /* query blocks quantized on the stack: E <= 4096 (else the exact column) */
 
 typedef struct qrow {
@@ -62,9 +62,7 @@ AI float dot_key(const qrow *r, const char *row) {
         const char *blk = row + b * SDPA__Q8_0_BYTES;
         const __m256i ku = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2)), x80);
         const __m256i s = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ku, r->q8[b]), r->corr[b]);
-        uint16_t h; /* the key block's d widened by VCVTPH2PS (exact, as sdpa__q8_0_d) */
-        memcpy(&h, blk, sizeof h);
-        const __m256 dk = _mm256_mul_ps(_mm256_set1_ps(r->dq[b]), _mm256_cvtph_ps(_mm_set1_epi16((short)h)));
+        const __m256 dk = _mm256_mul_ps(_mm256_set1_ps(r->dq[b]), q8_0_d8(blk)); /* q's d times k's (exact widening) */
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dk, acc);
     }
     return hsum8(acc);
