@@ -201,6 +201,26 @@ static void fill_cache(const sdpa_tensor *cache, const float *src, int64_t B, in
     free(slots);
 }
 
+/* A K and a V cache [B, Hkv, S, E] of kt's dtype holding the float rows kf / vf (kt's scale). */
+typedef struct kvpair {
+    void *k, *v;
+    size_t bytes; /* of each */
+    sdpa_tensor tk, tv;
+} kvpair;
+
+static kvpair make_caches(const kvtype *kt, const float *kf, const float *vf, int64_t B, int64_t Hkv, int64_t S,
+                          int64_t E) {
+    kvpair c;
+    c.bytes = cache_bytes(kt->dt, B * Hkv * S, E);
+    c.k = xalloc(c.bytes);
+    c.v = xalloc(c.bytes);
+    cache_view(&c.tk, c.k, kt->dt, B, Hkv, S, E);
+    cache_view(&c.tv, c.v, kt->dt, B, Hkv, S, E);
+    fill_cache(&c.tk, kf, B, Hkv, S, E, kt->scale);
+    fill_cache(&c.tv, vf, B, Hkv, S, E, kt->scale);
+    return c;
+}
+
 static void randf(float *x, size_t n, unsigned *seed) {
     for (size_t i = 0; i < n; ++i)
         x[i] = (float)rand_r(seed) / (float)RAND_MAX * 2.0f - 1.0f;
@@ -239,13 +259,10 @@ static void decode_shape(const dshape *sh) {
             const kvtype *kt = &KV_TYPES[k];
             if (prec == 1 && (kt->dt == SDPA_DTYPE_FP8_E5M2 || kt->scale != 0.0f))
                 continue;
-            const size_t bytes = cache_bytes(kt->dt, (int64_t)nrows, E);
-            void *kc = xalloc(bytes), *vc = xalloc(bytes);
-            sdpa_tensor tk, tv;
-            cache_view(&tk, kc, kt->dt, B, Hkv, S, E);
-            cache_view(&tv, vc, kt->dt, B, Hkv, S, E);
-            fill_cache(&tk, kf, B, Hkv, S, E, kt->scale);
-            fill_cache(&tv, vf, B, Hkv, S, E, kt->scale);
+            kvpair c = make_caches(kt, kf, vf, B, Hkv, S, E);
+            const sdpa_tensor tk = c.tk, tv = c.tv;
+            void *kc = c.k, *vc = c.v;
+            const size_t bytes = c.bytes;
             float sc[1] = {kt->scale};
             sdpa_tensor tscale;
             CHECK("scale", sdpa_tensor_init(&tscale, sc, 1, (int64_t[]){1}));
@@ -312,13 +329,9 @@ static void prefill(void) {
         const kvtype *kt = &KV_TYPES[k];
         if (kt->dt == SDPA_DTYPE_BF16 || kt->scale != 0.0f)
             continue;
-        const size_t bytes = cache_bytes(kt->dt, (int64_t)nrows, E);
-        void *kc = xalloc(bytes), *vc = xalloc(bytes);
-        sdpa_tensor tk, tv;
-        cache_view(&tk, kc, kt->dt, 1, Hkv, L, E);
-        cache_view(&tv, vc, kt->dt, 1, Hkv, L, E);
-        fill_cache(&tk, kf, 1, Hkv, L, E, 0);
-        fill_cache(&tv, vf, 1, Hkv, L, E, 0);
+        kvpair c = make_caches(kt, kf, vf, 1, Hkv, L, E); /* no scaled dtype here */
+        const sdpa_tensor tk = c.tk, tv = c.tv;
+        void *kc = c.k, *vc = c.v;
         sdpa_options o;
         sdpa_options_init(&o);
         o.threadpool = g_pool;
